@@ -1,0 +1,528 @@
+//! Deleting files: the normal delete path (batched unlinks queued to an I/O thread) and the
+//! cleanup worker that owns name-only records of deletes whose outcome was not confirmed.
+//!
+//! A record is sixteen bytes: a directory index, a segment number, the quota pages its ticket
+//! holds, and when it was queued. It keeps no buffer, fd or mmap alive. Its ticket stays held
+//! until the delete is confirmed (or the file is found absent), so a long storage outage stops
+//! new spills at admission instead of growing memory.
+//!
+//! The worker deletes in batches. After each batch exactly the confirmed names release their
+//! tickets; the failed ones rotate to the back of the queue and the worker waits
+//! `cleanup_retry_delay` (plus jitter) only after a failure. After a success it takes the next
+//! ready record at once.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::dir::{DirNext, TaskDir};
+use crate::engine::Core;
+use crate::fault::FaultPoint;
+use crate::io::{NameBuf, Op, OpKind, OpSink};
+use crate::ledger::{RetainedTicket, Ticket};
+use crate::metrics::Counters;
+use crate::segment::SegmentFileName;
+
+/// Segment number that marks a record for the directory itself (its `rmdir`).
+pub(crate) const DIR_RECORD: u32 = u32::MAX;
+
+/// A name-only cleanup record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub dir: u32,
+    pub seg: u32,
+    /// Quota pages of the retained ticket (the ticket itself is implied: every file record
+    /// holds exactly one; a directory record holds none).
+    pub pages: u32,
+    /// Seconds since the engine started when the record was queued.
+    pub since: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() == 16);
+
+/// One segment file owned by whoever holds this: its directory, number and ticket.
+#[derive(Debug)]
+pub(crate) struct SegmentEntry {
+    pub dir: Arc<TaskDir>,
+    pub seg: u32,
+    pub ticket: Ticket,
+}
+
+impl SegmentEntry {
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir.path.join(SegmentFileName::new(self.seg).as_str())
+    }
+}
+
+/// What is left for the cleanup worker, for operators.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CleanupReport {
+    /// Records pending.
+    pub pending: u64,
+    /// Age of the oldest pending record, seconds.
+    pub oldest_age_secs: f64,
+    /// A few pending paths, oldest first.
+    pub examples: Vec<PathBuf>,
+    /// Orphan directories of dead processes not yet deleted.
+    pub sweeps_pending: u64,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    records: VecDeque<Record>,
+    sweeps: VecDeque<PathBuf>,
+    stop: bool,
+    /// No attempt before this instant (set after a failed batch).
+    retry_at: Option<Instant>,
+    /// A batch is being worked on.
+    busy: bool,
+}
+
+/// The cleanup worker's queue and its metrics. The worker thread itself is started by the
+/// engine and runs [`worker_loop`].
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    queue: Mutex<Queue>,
+    cv: Condvar,
+    /// Wakes waiters of [`Cleanup::wait_idle`].
+    idle_cv: Condvar,
+    pending: AtomicU64,
+    epoch: Instant,
+    oldest: Mutex<OldestSample>,
+}
+
+#[derive(Debug)]
+struct OldestSample {
+    at: Option<Instant>,
+    age: f64,
+}
+
+impl Cleanup {
+    pub(crate) fn new() -> Self {
+        Cleanup {
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+            pending: AtomicU64::new(0),
+            epoch: Instant::now(),
+            oldest: Mutex::new(OldestSample { at: None, age: 0.0 }),
+        }
+    }
+
+    fn now_secs(&self) -> u32 {
+        u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
+    }
+
+    /// Hands a file whose delete failed to the worker; its ticket stays held.
+    pub(crate) fn retain_file(&self, dir: &TaskDir, seg: u32, ticket: RetainedTicket) {
+        // The capacity stays held; the record carries how much quota the ticket had.
+        let pages = ticket.into_pages();
+        self.push(Record {
+            dir: dir.index,
+            seg,
+            pages,
+            since: self.now_secs(),
+        });
+    }
+
+    /// Hands a directory whose `rmdir` failed to the worker.
+    pub(crate) fn retain_dir(&self, dir: &TaskDir) {
+        self.push(Record {
+            dir: dir.index,
+            seg: DIR_RECORD,
+            pages: 0,
+            since: self.now_secs(),
+        });
+    }
+
+    fn push(&self, r: Record) {
+        let mut q = self.queue.lock();
+        q.records.push_back(r);
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.cv.notify_all();
+    }
+
+    /// Queues the deletion of a dead process's directory tree (renamed out of the way).
+    pub(crate) fn sweep(&self, path: PathBuf) {
+        let mut q = self.queue.lock();
+        q.sweeps.push_back(path);
+        self.cv.notify_all();
+    }
+
+    /// Queues a sweep that failed again, after the retry delay.
+    pub(crate) fn sweep_later(&self, path: PathBuf, delay: Duration) {
+        let mut q = self.queue.lock();
+        q.sweeps.push_back(path);
+        q.retry_at = Some(Instant::now() + delay);
+        self.cv.notify_all();
+    }
+
+    /// Records pending now (kept on every operation, no scan).
+    pub(crate) fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Age of the oldest pending record, sampled at most once a second.
+    pub(crate) fn oldest_age(&self) -> f64 {
+        let mut s = self.oldest.lock();
+        let now = Instant::now();
+        if s.at.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            return s.age;
+        }
+        let now_secs = self.epoch.elapsed().as_secs_f64();
+        let q = self.queue.lock();
+        let min = q.records.iter().map(|r| r.since).min();
+        drop(q);
+        s.age = min.map_or(0.0, |m| (now_secs - f64::from(m)).max(0.0));
+        s.at = Some(now);
+        s.age
+    }
+
+    pub(crate) fn report(&self, core: &Core) -> CleanupReport {
+        let q = self.queue.lock();
+        let mut oldest: Vec<Record> = q.records.iter().copied().collect();
+        let sweeps_pending = q.sweeps.len() as u64;
+        drop(q);
+        oldest.sort_by_key(|r| r.since);
+        let examples = oldest
+            .iter()
+            .take(5)
+            .filter_map(|r| {
+                let d = core.dirs.get(r.dir)?;
+                Some(if r.seg == DIR_RECORD {
+                    d.path.clone()
+                } else {
+                    d.path.join(SegmentFileName::new(r.seg).as_str())
+                })
+            })
+            .collect();
+        CleanupReport {
+            pending: self.pending(),
+            oldest_age_secs: self.oldest_age(),
+            examples,
+            sweeps_pending,
+        }
+    }
+
+    /// Asks the worker to stop after its current batch.
+    pub(crate) fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// Lets the worker retry now instead of waiting out its failure delay.
+    pub(crate) fn retry_now(&self) {
+        self.queue.lock().retry_at = None;
+        self.cv.notify_all();
+    }
+
+    /// Waits until no record and no sweep is pending, up to `deadline`. True if idle.
+    pub(crate) fn wait_idle(&self, deadline: Instant) -> bool {
+        let mut q = self.queue.lock();
+        loop {
+            if q.records.is_empty() && q.sweeps.is_empty() && !q.busy {
+                return true;
+            }
+            if self.idle_cv.wait_until(&mut q, deadline).timed_out() {
+                return q.records.is_empty() && q.sweeps.is_empty() && !q.busy;
+            }
+        }
+    }
+}
+
+/// Queues the deletes of `entries` on an I/O thread and returns at once. Confirmed (or absent)
+/// names release their tickets; the others go to the cleanup worker with their tickets.
+pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<SegmentEntry>) {
+    if entries.is_empty() {
+        return;
+    }
+    let n = entries.len();
+    Counters::add(&core.counters.deletes_in_flight, n as u64);
+    let ops: Vec<(Arc<crate::io::FileHandle>, NameBuf)> = entries
+        .iter()
+        .map(|e| (e.dir.fd.clone(), seg_name(e.seg)))
+        .collect();
+    let batch = Arc::new(DeleteBatch {
+        core: core.clone(),
+        entries: Mutex::new(entries.into_iter().map(Some).collect()),
+    });
+    for (i, (dir, name)) in ops.into_iter().enumerate() {
+        core.io.submit(
+            lane,
+            Op {
+                kind: OpKind::Unlink {
+                    dir,
+                    name,
+                    rmdir: false,
+                    point: FaultPoint::IoUnlink,
+                },
+                sink: batch.clone(),
+                token: i as u64,
+            },
+        );
+    }
+}
+
+fn seg_name(seg: u32) -> NameBuf {
+    let n = SegmentFileName::new(seg);
+    // Segment names are short ASCII without NUL, so this cannot fail.
+    NameBuf::new(n.as_str().as_bytes()).unwrap_or_else(|| unreachable_name())
+}
+
+#[cold]
+fn unreachable_name() -> NameBuf {
+    tracing::error!("segment name does not fit a NameBuf");
+    NameBuf::new(b"spill-segment-invalid.bin").unwrap_or_else(|| unreachable_name())
+}
+
+/// A batch of segment deletes in flight on the normal path.
+struct DeleteBatch {
+    core: Arc<Core>,
+    entries: Mutex<Vec<Option<SegmentEntry>>>,
+}
+
+impl OpSink for DeleteBatch {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        let entry = self
+            .entries
+            .lock()
+            .get_mut(token as usize)
+            .and_then(Option::take);
+        let Some(entry) = entry else { return };
+        let c = &self.core.counters;
+        Counters::add(&c.deletes_in_flight, u64::MAX); // -1
+        match res {
+            Ok(_) => {
+                Counters::add(&c.files_deleted, 1);
+                confirmed(&self.core, entry);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                Counters::add(&c.files_already_absent, 1);
+                confirmed(&self.core, entry);
+            }
+            Err(e) => {
+                Counters::add(&c.delete_failures, 1);
+                tracing::warn!(path = %entry.path().display(), error = %e,
+                    "segment delete failed; handing its name to the cleanup worker");
+                let SegmentEntry { dir, seg, ticket } = entry;
+                self.core.cleanup.retain_file(&dir, seg, ticket.retain());
+            }
+        }
+    }
+}
+
+/// A file is confirmed gone: release its ticket and maybe remove its directory.
+fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
+    let SegmentEntry { dir, ticket, .. } = entry;
+    drop(ticket);
+    if dir.file_gone() == DirNext::Remove {
+        remove_dir(core, &dir);
+    }
+}
+
+/// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
+pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<TaskDir>) {
+    let sink = Arc::new(RmdirSink {
+        core: core.clone(),
+        dir: dir.clone(),
+    });
+    core.io.submit(
+        0,
+        Op {
+            kind: OpKind::Unlink {
+                dir: dir.parent.fd.clone(),
+                name: dir.name,
+                rmdir: true,
+                point: FaultPoint::IoUnlink,
+            },
+            sink,
+            token: 0,
+        },
+    );
+}
+
+struct RmdirSink {
+    core: Arc<Core>,
+    dir: Arc<TaskDir>,
+}
+
+impl OpSink for RmdirSink {
+    fn complete(&self, _token: u64, res: io::Result<usize>) {
+        match res {
+            Ok(_) => self.core.dirs.remove(self.dir.index),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.core.dirs.remove(self.dir.index),
+            Err(e) => {
+                Counters::add(&self.core.counters.delete_failures, 1);
+                tracing::warn!(path = %self.dir.path.display(), error = %e,
+                    "task directory removal failed; handing it to the cleanup worker");
+                self.core.cleanup.retain_dir(&self.dir);
+            }
+        }
+    }
+}
+
+/// Collects the outcomes of one worker batch.
+struct WorkerBatch {
+    results: Mutex<Vec<Option<io::Result<usize>>>>,
+    left: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl OpSink for WorkerBatch {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        if let Some(slot) = self.results.lock().get_mut(token as usize) {
+            *slot = Some(res);
+        }
+        let mut left = self.left.lock();
+        *left -= 1;
+        if *left == 0 {
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// The cleanup worker: runs until [`Cleanup::stop`].
+pub(crate) fn worker_loop(core: Arc<Core>) {
+    let cl = &core.cleanup;
+    let mut rng = core.id | 1;
+    loop {
+        // Take a batch of ready records, or a sweep job, or wait.
+        let work = {
+            let mut q = cl.queue.lock();
+            loop {
+                if q.stop {
+                    q.busy = false;
+                    cl.idle_cv.notify_all();
+                    return;
+                }
+                let now = Instant::now();
+                let waiting = q.retry_at.filter(|t| *t > now);
+                if !q.records.is_empty() && waiting.is_none() {
+                    let n = q.records.len().min(core.cfg.cleanup_batch);
+                    let batch: Vec<Record> = q.records.drain(..n).collect();
+                    q.busy = true;
+                    break Work::Records(batch);
+                }
+                if waiting.is_none()
+                    && let Some(p) = q.sweeps.pop_front()
+                {
+                    q.busy = true;
+                    break Work::Sweep(p);
+                }
+                q.busy = false;
+                cl.idle_cv.notify_all();
+                match waiting {
+                    Some(t) => {
+                        cl.cv.wait_until(&mut q, t);
+                    }
+                    None => cl.cv.wait(&mut q),
+                }
+            }
+        };
+        match work {
+            Work::Records(batch) => {
+                let failed = run_batch(&core, batch);
+                let mut q = cl.queue.lock();
+                for r in &failed {
+                    q.records.push_back(*r);
+                }
+                if !failed.is_empty() {
+                    Counters::add(&core.counters.cleanup_retries, failed.len() as u64);
+                    // xorshift jitter of up to 25% of the delay.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let base = core.cfg.cleanup_retry_delay;
+                    let jitter = base.mul_f64((rng % 1000) as f64 / 4000.0);
+                    q.retry_at = Some(Instant::now() + base + jitter);
+                } else {
+                    q.retry_at = None;
+                }
+            }
+            Work::Sweep(path) => crate::sweep::delete_tree(&core, &path),
+        }
+    }
+}
+
+enum Work {
+    Records(Vec<Record>),
+    Sweep(PathBuf),
+}
+
+/// Deletes one batch of records; returns the ones that failed (whole, in order).
+fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
+    let n = batch.len();
+    let sink = Arc::new(WorkerBatch {
+        results: Mutex::new((0..n).map(|_| None).collect()),
+        left: Mutex::new(n),
+        cv: Condvar::new(),
+    });
+    let mut dirs: Vec<Option<Arc<TaskDir>>> = Vec::with_capacity(n);
+    for (i, r) in batch.iter().enumerate() {
+        let dir = core.dirs.get(r.dir);
+        let op = dir.as_ref().map(|d| {
+            if r.seg == DIR_RECORD {
+                (d.parent.fd.clone(), d.name, true)
+            } else {
+                (d.fd.clone(), seg_name(r.seg), false)
+            }
+        });
+        dirs.push(dir);
+        match op {
+            Some((fd, name, rmdir)) => core.io.submit(
+                0,
+                Op {
+                    kind: OpKind::Unlink {
+                        dir: fd,
+                        name,
+                        rmdir,
+                        point: FaultPoint::CleanupUnlink,
+                    },
+                    sink: sink.clone(),
+                    token: i as u64,
+                },
+            ),
+            // The directory is gone from the table: nothing of it can be deleted any more.
+            None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(libc::ENOENT))),
+        }
+    }
+    {
+        let mut left = sink.left.lock();
+        while *left > 0 {
+            sink.cv.wait(&mut left);
+        }
+    }
+    let results = std::mem::take(&mut *sink.results.lock());
+    let mut failed = Vec::new();
+    for ((r, res), dir) in batch.into_iter().zip(results).zip(dirs) {
+        let ok = match &res {
+            Some(Ok(_)) => true,
+            Some(Err(e)) => e.raw_os_error() == Some(libc::ENOENT),
+            None => false,
+        };
+        if !ok {
+            Counters::add(&core.counters.delete_failures, 1);
+            failed.push(r);
+            continue;
+        }
+        core.cleanup.pending.fetch_sub(1, Ordering::Relaxed);
+        Counters::add(&core.counters.cleanup_released, 1);
+        if r.seg == DIR_RECORD {
+            core.dirs.remove(r.dir);
+            continue;
+        }
+        core.ledger
+            .release_retained(RetainedTicket::from_pages(r.pages));
+        if let Some(d) = dir
+            && d.file_gone() == DirNext::Remove
+        {
+            remove_dir(core, &d);
+        }
+    }
+    failed
+}

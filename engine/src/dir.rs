@@ -1,0 +1,304 @@
+//! Directories: the engine's locked process directory under each root, one directory per task
+//! and root, and the table that lets name-only cleanup records refer to a directory by index.
+//! Also the few `*at` syscalls the engine uses, so every file is opened relative to a
+//! directory fd, with `O_NOFOLLOW`, and created with `O_EXCL` and private permissions.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::io::{FileHandle, NameBuf};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `openat` returning an owned fd.
+fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    loop {
+        // SAFETY: `name` is NUL-terminated and outlives the call; the returned fd is checked.
+        let r = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+        match cvt(r) {
+            // SAFETY: a successful openat returns a new fd nothing else owns.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Opens a directory (never through a symlink).
+pub(crate) fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+}
+
+/// Opens a directory by path.
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    open_at(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+}
+
+/// Creates a private (0700) directory.
+pub(crate) fn mkdir_at(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    cvt(unsafe { libc::mkdirat(dir, name.as_ptr(), 0o700) }).map(drop)
+}
+
+/// Creates a new private (0600) segment file; fails if the name exists or is a symlink.
+pub(crate) fn create_file_at(dir: RawFd, name: &CStr, direct: bool) -> io::Result<OwnedFd> {
+    let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    open_at(dir, name, flags, 0o600)
+}
+
+/// Opens a file for reading (never through a symlink).
+pub(crate) fn open_read_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    open_at(dir, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)
+}
+
+/// `unlinkat` on the calling thread.
+pub(crate) fn unlink_at(dir: RawFd, name: &CStr, rmdir: bool) -> io::Result<()> {
+    let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), flags) }).map(drop)
+}
+
+/// `renameat2(RENAME_NOREPLACE)` on the calling thread: never replaces an existing name.
+pub(crate) fn rename_at(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated and outlive the call.
+    cvt(unsafe {
+        libc::renameat2(
+            from_dir,
+            from.as_ptr(),
+            to_dir,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    })
+    .map(drop)
+}
+
+/// Takes an exclusive advisory lock (`flock`) without waiting; `Ok(false)` if another open file
+/// description holds it. The lock lives as long as the fd: it dies with its process, whatever
+/// the PID, which is why liveness is never decided by a PID.
+pub(crate) fn try_lock(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: flock on an fd has no memory-safety preconditions.
+    let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// `fallocate(KEEP_SIZE)` the first `len` bytes.
+pub(crate) fn preallocate(fd: RawFd, len: u64) -> io::Result<()> {
+    loop {
+        // SAFETY: fallocate on an fd has no memory-safety preconditions.
+        let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
+        match cvt(r) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub(crate) fn cpath(p: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// The engine's own directory under one root, locked for the engine's life.
+#[derive(Debug)]
+pub(crate) struct ProcDir {
+    pub path: PathBuf,
+    pub fd: Arc<FileHandle>,
+    pub root: usize,
+}
+
+/// Top bit of [`TaskDir::live`]: the directory's task scope is closed.
+const CLOSED: u64 = 1 << 63;
+
+/// What [`TaskDir::file_gone`] or [`TaskDir::close`] says to do next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum DirNext {
+    /// Nothing: files remain or the scope is open.
+    Keep,
+    /// The scope is closed and the last file is gone: remove the directory (exactly one caller
+    /// ever gets this).
+    Remove,
+}
+
+/// One task's directory under one root.
+#[derive(Debug)]
+pub(crate) struct TaskDir {
+    /// Index in the engine's [`DirTable`].
+    pub index: u32,
+    pub path: PathBuf,
+    pub fd: Arc<FileHandle>,
+    /// Name within the process directory, for the final `rmdir`.
+    pub name: NameBuf,
+    pub parent: Arc<ProcDir>,
+    next_segment: AtomicU32,
+    /// `CLOSED` bit | number of files that exist or are being created.
+    live: AtomicU64,
+}
+
+impl TaskDir {
+    pub(crate) fn new(
+        index: u32,
+        path: PathBuf,
+        fd: Arc<FileHandle>,
+        name: NameBuf,
+        parent: Arc<ProcDir>,
+    ) -> Self {
+        TaskDir {
+            index,
+            path,
+            fd,
+            name,
+            parent,
+            next_segment: AtomicU32::new(0),
+            live: AtomicU64::new(0),
+        }
+    }
+
+    /// The next unused segment number, or `None` when they ran out.
+    pub(crate) fn next_segment(&self) -> Option<u32> {
+        let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
+        (n < crate::cleanup::DIR_RECORD).then_some(n)
+    }
+
+    /// Counts a file about to be created (before the create, so the directory cannot be
+    /// removed under it).
+    pub(crate) fn file_coming(&self) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Counts a file confirmed gone (deleted, absent, published, or never created).
+    #[must_use]
+    pub(crate) fn file_gone(&self) -> DirNext {
+        let prev = self.live.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev & !CLOSED > 0, "file_gone without a live file");
+        if prev == CLOSED | 1 {
+            DirNext::Remove
+        } else {
+            DirNext::Keep
+        }
+    }
+
+    /// Marks the scope closed. Idempotent.
+    #[must_use]
+    pub(crate) fn close(&self) -> DirNext {
+        let prev = self.live.fetch_or(CLOSED, Ordering::AcqRel);
+        if prev == 0 {
+            DirNext::Remove
+        } else {
+            DirNext::Keep
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.live.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    pub(crate) fn live_files(&self) -> u64 {
+        self.live.load(Ordering::Acquire) & !CLOSED
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.raw()
+    }
+}
+
+/// Directories by index, so a cleanup record needs four bytes to name one.
+#[derive(Debug, Default)]
+pub(crate) struct DirTable {
+    inner: Mutex<DirSlots>,
+}
+
+#[derive(Debug, Default)]
+struct DirSlots {
+    slots: Vec<Option<Arc<TaskDir>>>,
+    free: Vec<u32>,
+}
+
+impl DirTable {
+    /// Inserts the directory `make` builds with its new index.
+    pub(crate) fn insert<E>(&self, make: impl FnOnce(u32) -> Result<TaskDir, E>) -> Result<Arc<TaskDir>, E> {
+        let mut t = self.inner.lock();
+        let idx = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                t.slots.push(None);
+                (t.slots.len() - 1) as u32
+            }
+        };
+        match make(idx) {
+            Ok(d) => {
+                let d = Arc::new(d);
+                t.slots[idx as usize] = Some(d.clone());
+                Ok(d)
+            }
+            Err(e) => {
+                t.free.push(idx);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, idx: u32) -> Option<Arc<TaskDir>> {
+        self.inner.lock().slots.get(idx as usize).and_then(|s| s.clone())
+    }
+
+    pub(crate) fn remove(&self, idx: u32) {
+        let mut t = self.inner.lock();
+        if let Some(slot) = t.slots.get_mut(idx as usize)
+            && slot.take().is_some()
+        {
+            t.free.push(idx);
+        }
+    }
+
+    /// Directories still present (their scope open, or files or removal pending).
+    pub(crate) fn len(&self) -> usize {
+        let t = self.inner.lock();
+        t.slots.len() - t.free.len()
+    }
+
+    /// Every directory present now.
+    pub(crate) fn all(&self) -> Vec<Arc<TaskDir>> {
+        self.inner.lock().slots.iter().flatten().cloned().collect()
+    }
+}
+
+/// Lists the names in a directory (without "." and "..").
+pub(crate) fn list_dir(path: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(path)? {
+        out.push(e?.file_name());
+    }
+    Ok(out)
+}
+
+/// Raw fd of an owned fd (for the few places that need it).
+pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}

@@ -1,0 +1,476 @@
+//! The engine: spill roots and their locked process directories, the ticket ledger, the I/O
+//! thread(s), the cleanup worker, the reaper, and the metrics.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Once, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::cleanup::{Cleanup, CleanupReport};
+use crate::config::{BackendKind, EngineConfig, WriteMode};
+use crate::dir::{self, DirTable, ProcDir};
+use crate::error::{Result, SpillError};
+use crate::fault::FaultPlan;
+use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
+use crate::ledger::Ledger;
+use crate::metrics::{Counters, Metrics};
+use crate::sweep;
+use crate::task::{TaskShared, TaskSpill};
+
+/// Health of one spill root.
+#[derive(Debug, Default)]
+pub(crate) struct RootHealth {
+    skip_until: Mutex<Option<Instant>>,
+}
+
+/// What the engine's threads and handles share.
+pub(crate) struct Core {
+    pub(crate) cfg: EngineConfig,
+    pub(crate) id: u64,
+    pub(crate) ledger: Arc<Ledger>,
+    pub(crate) counters: Counters,
+    pub(crate) io: IoHandle,
+    pub(crate) pool: Arc<BufferPool>,
+    pub(crate) dirs: DirTable,
+    pub(crate) proc_dirs: Vec<Arc<ProcDir>>,
+    roots: Vec<RootHealth>,
+    pub(crate) cleanup: Cleanup,
+    pub(crate) reaper: Reaper,
+    pub(crate) fault: Option<Arc<FaultPlan>>,
+    next_root: AtomicUsize,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("id", &format_args!("{:016x}", self.id))
+            .field("backend", &self.io.kind())
+            .finish()
+    }
+}
+
+impl Core {
+    /// The process directory under root `root`.
+    pub(crate) fn proc_dir(&self, root: usize) -> Result<Arc<ProcDir>> {
+        self.proc_dirs
+            .get(root)
+            .cloned()
+            .ok_or_else(|| SpillError::InvalidConfig(format!("no root {root}")))
+    }
+
+    /// The root for the next segment: round-robin over the roots not being skipped (or the
+    /// next one anyway if every root is skipped).
+    pub(crate) fn pick_root(&self) -> usize {
+        let n = self.roots.len();
+        if n == 1 {
+            return 0;
+        }
+        let start = self.next_root.fetch_add(1, Ordering::Relaxed) % n;
+        let now = Instant::now();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let skip = *self.roots[i].skip_until.lock();
+            if skip.is_none_or(|t| t <= now) {
+                return i;
+            }
+        }
+        start
+    }
+
+    /// Notes a failed create or write on `root`. A device error (EIO, ENOSPC, EDQUOT, EROFS)
+    /// skips the root for `root_skip`; returns true for those.
+    pub(crate) fn root_failed(&self, root: usize, e: &io::Error) -> bool {
+        let device = matches!(
+            e.raw_os_error(),
+            Some(libc::EIO) | Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS)
+        );
+        if !device {
+            return false;
+        }
+        let Some(h) = self.roots.get(root) else {
+            return true;
+        };
+        let now = Instant::now();
+        let mut skip = h.skip_until.lock();
+        if skip.is_none_or(|t| t <= now) {
+            Counters::add(&self.counters.root_skips, 1);
+            tracing::warn!(root = %self.cfg.roots[root].display(), error = %e,
+                skip = ?self.cfg.root_skip, "spill root failed; skipping it");
+        }
+        *skip = Some(now + self.cfg.root_skip);
+        true
+    }
+
+    fn metrics(&self) -> Metrics {
+        let c = &self.counters;
+        let g = Counters::get;
+        Metrics {
+            backend: self.io.kind(),
+            write_mode: match self.cfg.mode {
+                WriteMode::Buffered => "buffered",
+                WriteMode::Direct => "direct",
+            },
+            tickets_used: self.ledger.used() as u64,
+            tickets_high_water: self.ledger.high_water() as u64,
+            ticket_capacity: self.ledger.capacity() as u64,
+            admission_failures: self.ledger.admission_failures(),
+            quota_failures: self.ledger.quota_failures(),
+            spill_bytes_in_use: self.ledger.bytes_used(),
+            segments_created: g(&c.segments_created),
+            bytes_written: g(&c.bytes_written),
+            records_written: g(&c.records_written),
+            bytes_read: g(&c.bytes_read),
+            records_read: g(&c.records_read),
+            aborts_observed: g(&c.aborts_observed),
+            late_files_deleted: g(&c.late_files_deleted),
+            files_deleted: g(&c.files_deleted),
+            files_already_absent: g(&c.files_already_absent),
+            delete_failures: g(&c.delete_failures),
+            write_failures: g(&c.write_failures),
+            deletes_in_flight: g(&c.deletes_in_flight),
+            cleanup_pending: self.cleanup.pending(),
+            cleanup_oldest_age_secs: self.cleanup.oldest_age(),
+            cleanup_retries: g(&c.cleanup_retries),
+            cleanup_released: g(&c.cleanup_released),
+            orphan_dirs_swept: g(&c.orphan_dirs_swept),
+            orphan_files_swept: g(&c.orphan_files_swept),
+            root_skips: g(&c.root_skips),
+            files_published: g(&c.files_published),
+        }
+    }
+}
+
+/// A fresh random 64-bit id.
+pub(crate) fn random_id() -> u64 {
+    let mut v: u64 = 0;
+    // SAFETY: getrandom writes at most 8 bytes into the live u64.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        v = t ^ (u64::from(std::process::id()) << 32) ^ SEQ.fetch_add(1, Ordering::Relaxed);
+    }
+    v
+}
+
+/// The engine behind [`Engine`] handles; shut down when the last handle (engine, task,
+/// writer, state or reader) is gone.
+pub(crate) struct EngineInner {
+    pub(crate) core: Arc<Core>,
+    shut: AtomicBool,
+    task_seq: AtomicU64,
+    tasks: Mutex<Vec<Weak<TaskShared>>>,
+    cleanup_thread: Mutex<Option<JoinHandle<()>>>,
+    reaper_thread: ReaperThread,
+    last_report: Mutex<Option<ShutdownReport>>,
+}
+
+impl EngineInner {
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut.load(Ordering::Acquire)
+    }
+
+    fn shutdown(&self, budget: Duration) -> ShutdownReport {
+        let start = Instant::now();
+        let deadline = start + budget;
+        if self.shut.swap(true, Ordering::AcqRel) {
+            return self.last_report.lock().clone().unwrap_or_else(|| self.report(start, false));
+        }
+        // Abort what is still open: every task scope closes everything registered.
+        let tasks: Vec<Arc<TaskShared>> = self.tasks.lock().iter().filter_map(Weak::upgrade).collect();
+        for t in tasks {
+            t.close(true);
+        }
+        let core = &self.core;
+        let drained = wait_until(deadline, || {
+            Counters::get(&core.counters.deletes_in_flight) == 0
+        }) && core.cleanup.wait_idle(deadline);
+        core.cleanup.stop();
+        if let Some(t) = self.cleanup_thread.lock().take()
+            && t.join().is_err()
+        {
+            tracing::error!("spillring cleanup worker panicked");
+        }
+        core.io.shutdown();
+        // Our process directories go too when nothing is left in them; otherwise the next
+        // open (of any engine on the root) sweeps them.
+        for pd in &core.proc_dirs {
+            if let Some(parent) = pd.path.parent()
+                && let Some(name) = pd.path.file_name()
+                && let (Ok(pfd), Ok(cname)) = (
+                    dir::open_dir(parent),
+                    std::ffi::CString::new(name.as_encoded_bytes()),
+                )
+            {
+                let _ = dir::unlink_at(dir::raw(&pfd), &cname, true);
+            }
+        }
+        core.reaper.flush();
+        self.reaper_thread.stop();
+        let report = self.report(start, drained);
+        *self.last_report.lock() = Some(report.clone());
+        report
+    }
+
+    fn report(&self, start: Instant, drained: bool) -> ShutdownReport {
+        let core = &self.core;
+        ShutdownReport {
+            drained,
+            elapsed: start.elapsed(),
+            cleanup_pending: core.cleanup.pending(),
+            tickets_held: core.ledger.used() as u64,
+            directories_left: core.dirs.len() as u64,
+        }
+    }
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        let budget = self.core.cfg.shutdown_budget;
+        let r = self.shutdown(budget);
+        if !r.drained {
+            tracing::warn!(?r, "spillring engine dropped with cleanup left; the next open sweeps it");
+        }
+    }
+}
+
+fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// What a shutdown left behind.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShutdownReport {
+    /// True if every queued delete and cleanup record finished within the budget.
+    pub drained: bool,
+    /// How long the shutdown took.
+    pub elapsed: Duration,
+    /// Name-only cleanup records left (their files remain for the next open's sweep).
+    pub cleanup_pending: u64,
+    /// Tickets still held (files the engine could not confirm deleted).
+    pub tickets_held: u64,
+    /// Task directories not removed.
+    pub directories_left: u64,
+}
+
+/// The spill engine. Cheap to clone (clones share one engine); `Send + Sync`.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.core.fmt(f)
+    }
+}
+
+static FALLBACK_LOGGED: Once = Once::new();
+
+impl Engine {
+    /// Validates `cfg`, creates and locks this engine's directory under every root, claims
+    /// the directories of dead engines for background deletion, probes io_uring (falling back
+    /// to psync under `BackendKind::Auto`), and starts the engine's threads.
+    pub fn open(cfg: EngineConfig) -> Result<Engine> {
+        cfg.validate()?;
+        let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
+        let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
+        let mut id = random_id();
+        let mut proc_dirs = Vec::with_capacity(cfg.roots.len());
+        let mut claimed = Vec::new();
+        for (i, root) in cfg.roots.iter().enumerate() {
+            let (pd, found) = sweep::claim(root, i, &mut id, &reaper)?;
+            proc_dirs.push(pd);
+            claimed.extend(found);
+        }
+        // From here on, a failure must not leave our directories behind.
+        let cleanup_dirs = |proc_dirs: &[Arc<ProcDir>]| {
+            for pd in proc_dirs {
+                let _ = std::fs::remove_dir(&pd.path);
+            }
+        };
+        if cfg.mode == WriteMode::Direct
+            && let Err(e) = probe_direct(&proc_dirs)
+        {
+            cleanup_dirs(&proc_dirs);
+            return Err(e);
+        }
+        let want_uring = cfg.backend != BackendKind::Psync;
+        let pool = BufferPool::new(
+            cfg.io_buffer_size,
+            if want_uring { cfg.registered_buffers } else { 0 },
+            64,
+        );
+        let setup = IoSetup {
+            threads: cfg.ring_threads,
+            ring_entries: cfg.ring_entries,
+            registered_buffers: cfg.registered_buffers,
+            pool: pool.clone(),
+            fault: cfg.fault_plan.clone(),
+        };
+        let io = match cfg.backend {
+            BackendKind::Psync => IoHandle::start_psync(&setup),
+            BackendKind::Uring => IoHandle::start_uring(&setup),
+            BackendKind::Auto => IoHandle::start_uring(&setup).or_else(|e| {
+                FALLBACK_LOGGED.call_once(|| {
+                    tracing::warn!(error = %e, "io_uring unavailable; spillring falls back to psync");
+                });
+                IoHandle::start_psync(&setup)
+            }),
+        };
+        let io = match io {
+            Ok(io) => io,
+            Err(e) => {
+                cleanup_dirs(&proc_dirs);
+                return Err(SpillError::io("start io backend", PathBuf::new(), e));
+            }
+        };
+        let core = Arc::new(Core {
+            ledger: Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
+            fault: cfg.fault_plan.clone(),
+            cfg,
+            id,
+            counters: Counters::default(),
+            io,
+            pool,
+            dirs: DirTable::default(),
+            roots: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
+            proc_dirs,
+            cleanup: Cleanup::new(),
+            reaper,
+            next_root: AtomicUsize::new(0),
+        });
+        for p in claimed {
+            core.cleanup.sweep(p);
+        }
+        let worker_core = core.clone();
+        let cleanup_thread = std::thread::Builder::new()
+            .name("spillring-cleanup".into())
+            .spawn(move || crate::cleanup::worker_loop(worker_core));
+        let cleanup_thread = match cleanup_thread {
+            Ok(t) => t,
+            Err(e) => {
+                core.io.shutdown();
+                return Err(thread_err(e));
+            }
+        };
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                core,
+                shut: AtomicBool::new(false),
+                task_seq: AtomicU64::new(0),
+                tasks: Mutex::new(Vec::new()),
+                cleanup_thread: Mutex::new(Some(cleanup_thread)),
+                reaper_thread,
+                last_report: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// A new task scope. `id` names it in paths and logs (characters other than
+    /// `[A-Za-z0-9._-]` become `_`; ids need not be unique). Its directories are made on its
+    /// first segment.
+    pub fn task(&self, id: &str) -> Result<TaskSpill> {
+        if self.inner.is_shut_down() {
+            return Err(SpillError::Closed { what: "engine" });
+        }
+        let seq = self.inner.task_seq.fetch_add(1, Ordering::Relaxed);
+        let t = TaskSpill::new(self.inner.clone(), id, seq);
+        let mut tasks = self.inner.tasks.lock();
+        if tasks.len() >= 64 && tasks.len().is_power_of_two() {
+            tasks.retain(|w| w.strong_count() > 0);
+        }
+        tasks.push(Arc::downgrade(t.shared()));
+        Ok(t)
+    }
+
+    /// A snapshot of the metrics.
+    pub fn metrics(&self) -> Metrics {
+        self.inner.core.metrics()
+    }
+
+    /// What the cleanup worker still holds, for operators.
+    pub fn cleanup_report(&self) -> CleanupReport {
+        let core = &self.inner.core;
+        core.cleanup.report(core)
+    }
+
+    /// "io_uring" or "psync".
+    pub fn backend(&self) -> &'static str {
+        self.inner.core.io.kind()
+    }
+
+    /// This engine's id (in its directory names and segment headers).
+    pub fn id(&self) -> u64 {
+        self.inner.core.id
+    }
+
+    /// This engine's locked process directory under each root.
+    pub fn process_dirs(&self) -> Vec<PathBuf> {
+        self.inner.core.proc_dirs.iter().map(|p| p.path.clone()).collect()
+    }
+
+    /// Waits up to `timeout` until every queued delete completed, the cleanup worker is idle
+    /// and the reaper closed what it was given. True if that happened. For tests, load
+    /// generators and orderly hand-overs; nothing requires calling it.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let core = &self.inner.core;
+        let deadline = Instant::now() + timeout;
+        let ok = wait_until(deadline, || {
+            Counters::get(&core.counters.deletes_in_flight) == 0
+        }) && core.cleanup.wait_idle(deadline)
+            && wait_until(deadline, || {
+                Counters::get(&core.counters.deletes_in_flight) == 0
+            });
+        core.reaper.flush();
+        ok
+    }
+
+    /// Lets the cleanup worker retry failed deletes now instead of after its delay.
+    pub fn retry_cleanup_now(&self) {
+        self.inner.core.cleanup.retry_now();
+    }
+
+    /// Stops admission (new tasks and writers fail with `Closed`), aborts task scopes still
+    /// open, drains queued deletes and the cleanup worker up to `budget`, stops the engine's
+    /// threads, and reports what is left (which the next open on the same roots sweeps).
+    /// Idempotent; dropping the last handle does the same with the configured budget.
+    pub fn shutdown(&self, budget: Duration) -> ShutdownReport {
+        self.inner.shutdown(budget)
+    }
+}
+
+/// Checks that every root takes `O_DIRECT`, with a probe file in our directory.
+fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
+    for pd in proc_dirs {
+        let name = c".spillring-direct-probe";
+        match dir::create_file_at(pd.fd.raw(), name, true) {
+            Ok(fd) => {
+                drop(fd);
+                let _ = dir::unlink_at(pd.fd.raw(), name, false);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(SpillError::InvalidConfig(format!(
+                    "mode Direct: the filesystem of {} does not support O_DIRECT",
+                    pd.path.display()
+                )));
+            }
+            Err(e) => return Err(SpillError::io("probe O_DIRECT", pd.path.clone(), e)),
+        }
+    }
+    Ok(())
+}

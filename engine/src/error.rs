@@ -1,0 +1,139 @@
+//! The engine's one error type.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything a spillring call can fail with. Each variant names something a caller can act on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpillError {
+    /// The task scope was cancelled or closed while this spill was in progress, and the spill's
+    /// files were deleted. This is the expected outcome of a cancel, not a fault.
+    #[error("spill aborted: its task scope was closed")]
+    Aborted,
+
+    /// The scope, writer or engine is closed and takes no new work.
+    #[error("{what} is closed")]
+    Closed {
+        /// What was closed: "task scope", "engine", "writer".
+        what: &'static str,
+    },
+
+    /// The ticket ledger is full: `capacity` segment files the engine must still delete exist.
+    /// No file was created. Capacity returns as files are deleted.
+    #[error("ticket ledger full: {capacity} segment files are outstanding; no file was created")]
+    LedgerFull {
+        /// The configured ledger capacity.
+        capacity: usize,
+    },
+
+    /// The engine's byte quota (`max_spill_bytes`) would be exceeded. No file was created.
+    /// Capacity returns as files are deleted.
+    #[error("spill quota exceeded: {in_use} of {limit} bytes in use, {requested} more requested")]
+    QuotaExceeded {
+        /// The configured limit, in bytes.
+        limit: u64,
+        /// Bytes held by live segments when the request was refused.
+        in_use: u64,
+        /// Bytes the refused reservation asked for.
+        requested: u64,
+    },
+
+    /// The device is full (ENOSPC or EDQUOT). Everything the failing spill created was deleted.
+    #[error("storage full while {op} {path}: {source}")]
+    StorageFull {
+        /// The operation that failed.
+        op: &'static str,
+        /// The file or directory it failed on.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A segment does not hold what was written: a torn, truncated or corrupt file. No bytes of
+    /// the bad record were returned.
+    #[error("corrupt segment {segment} ({path}) at offset {offset}: {detail}")]
+    Corrupt {
+        /// The segment's path.
+        path: PathBuf,
+        /// The segment number.
+        segment: u32,
+        /// Byte offset in the segment file where the problem starts.
+        offset: u64,
+        /// What is wrong.
+        detail: &'static str,
+    },
+
+    /// An I/O operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation: "create", "write", "open", "mmap", "unlink", ...
+        op: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The OS error (never a raw negative completion code).
+        #[source]
+        source: io::Error,
+    },
+
+    /// The configuration is invalid; the message says which field and why.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// A record is larger than the format can frame.
+    #[error("record of {len} bytes exceeds the maximum of {max}")]
+    RecordTooLarge {
+        /// The record's length.
+        len: u64,
+        /// The largest record the format accepts.
+        max: u64,
+    },
+
+    /// This writer failed earlier (the error was returned then) and deleted its files; it takes
+    /// no further writes.
+    #[error("writer already failed; its files were deleted")]
+    WriterFailed,
+}
+
+/// Result alias for spillring calls.
+pub type Result<T, E = SpillError> = std::result::Result<T, E>;
+
+impl SpillError {
+    /// Builds the right variant for an OS error: ENOSPC and EDQUOT become [`SpillError::StorageFull`].
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => SpillError::StorageFull { op, path, source },
+            _ => SpillError::Io { op, path, source },
+        }
+    }
+
+    /// True for [`SpillError::Aborted`]: the task was cancelled, which is not a fault.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, SpillError::Aborted)
+    }
+
+    /// True when the device is full.
+    pub fn is_storage_full(&self) -> bool {
+        matches!(self, SpillError::StorageFull { .. })
+    }
+
+    /// The OS error behind this error, if there is one.
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            SpillError::Io { source, .. } | SpillError::StorageFull { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a kernel completion code (`-errno` on failure) into a result. Never passes the negative
+/// value on as an "unknown error".
+pub(crate) fn cqe_result(res: i32) -> io::Result<usize> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as usize)
+    }
+}

@@ -1,0 +1,287 @@
+//! Named fault points at the syscall boundary, driven by a seeded plan.
+//!
+//! A plan is installed per engine ([`crate::EngineConfig::fault_plan`]), so tests running in
+//! parallel never see each other's faults. Without a plan every fault point is one branch on an
+//! `Option`. Faults are injected where the engine meets the kernel, on both backends:
+//!
+//! | point | where | effect of `Fail(errno)` |
+//! |---|---|---|
+//! | `WriterCreate` | before a segment's `openat` | the create fails, no file appears |
+//! | `WriterAfterCreate` | after the create, before the abort check | (use `pause`) |
+//! | `IoWrite` | an I/O thread about to write | the write completes with `-errno` |
+//! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
+//! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
+//!
+//! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
+//! (the effect happened, the caller cannot know).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// A place where a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
+pub enum FaultPoint {
+    /// `writer::create`: just before a segment file is created.
+    WriterCreate,
+    /// `writer::after_create`: after a segment file was created, before the writer checks the
+    /// abort flag. Pausing here opens the write-after-delete window on purpose.
+    WriterAfterCreate,
+    /// `io::write`: an I/O thread about to submit a write.
+    IoWrite,
+    /// `io::unlink`: an I/O thread about to unlink a file on the normal delete path.
+    IoUnlink,
+    /// `cleanup::unlink`: the cleanup worker about to unlink a retained name.
+    CleanupUnlink,
+}
+
+impl FaultPoint {
+    /// Every fault point.
+    pub const ALL: [FaultPoint; 5] = [
+        FaultPoint::WriterCreate,
+        FaultPoint::WriterAfterCreate,
+        FaultPoint::IoWrite,
+        FaultPoint::IoUnlink,
+        FaultPoint::CleanupUnlink,
+    ];
+
+    /// The point's name, as in `writer::create`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultPoint::WriterCreate => "writer::create",
+            FaultPoint::WriterAfterCreate => "writer::after_create",
+            FaultPoint::IoWrite => "io::write",
+            FaultPoint::IoUnlink => "io::unlink",
+            FaultPoint::CleanupUnlink => "cleanup::unlink",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What an armed fault point does.
+#[derive(Debug, Clone)]
+pub enum FaultAction {
+    /// Fail with this errno without performing the operation.
+    Fail(i32),
+    /// Perform the operation, then report this errno (an ambiguous outcome).
+    FailAfter(i32),
+    /// Block at the point until the handle is released.
+    Pause(Arc<PauseHandle>),
+}
+
+/// When an armed fault point fires.
+#[derive(Debug, Clone, Copy)]
+pub enum Trigger {
+    /// Every time.
+    Always,
+    /// The next `n` times.
+    Times(u64),
+    /// With this probability each time, decided by the plan's seed.
+    Probability(f64),
+}
+
+#[derive(Debug)]
+struct Rule {
+    point: FaultPoint,
+    action: FaultAction,
+    trigger: Trigger,
+}
+
+/// A seeded set of armed fault points.
+#[derive(Debug)]
+pub struct FaultPlan {
+    seed: u64,
+    rules: Mutex<Vec<Rule>>,
+    calls: [AtomicU64; 5],
+    fired: [AtomicU64; 5],
+}
+
+/// What a fault point decided for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Injected {
+    /// Go on normally.
+    None,
+    /// Fail with this errno, without doing the operation.
+    Fail(i32),
+    /// Do the operation, then report this errno.
+    FailAfter(i32),
+}
+
+impl FaultPlan {
+    /// An empty plan whose probabilistic triggers are decided by `seed`.
+    pub fn new(seed: u64) -> Arc<Self> {
+        Arc::new(FaultPlan {
+            seed,
+            rules: Mutex::new(Vec::new()),
+            calls: Default::default(),
+            fired: Default::default(),
+        })
+    }
+
+    fn rules(&self) -> MutexGuard<'_, Vec<Rule>> {
+        // A panic while holding this lock cannot leave the Vec inconsistent.
+        self.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Arms `point` with `action` under `trigger`. Rules are consulted in the order added.
+    pub fn arm(&self, point: FaultPoint, action: FaultAction, trigger: Trigger) {
+        self.rules().push(Rule {
+            point,
+            action,
+            trigger,
+        });
+    }
+
+    /// Arms `point` to fail with `errno` every time.
+    pub fn fail_always(&self, point: FaultPoint, errno: i32) {
+        self.arm(point, FaultAction::Fail(errno), Trigger::Always);
+    }
+
+    /// Arms `point` to fail with `errno` the next `n` times.
+    pub fn fail_times(&self, point: FaultPoint, errno: i32, n: u64) {
+        self.arm(point, FaultAction::Fail(errno), Trigger::Times(n));
+    }
+
+    /// Arms `point` to pause the next time it is reached, and returns the handle that sees it
+    /// reached and releases it.
+    pub fn pause_once(&self, point: FaultPoint) -> Arc<PauseHandle> {
+        let h = Arc::new(PauseHandle::default());
+        self.arm(point, FaultAction::Pause(h.clone()), Trigger::Times(1));
+        h
+    }
+
+    /// Disarms every rule for `point`.
+    pub fn clear(&self, point: FaultPoint) {
+        self.rules().retain(|r| r.point != point);
+    }
+
+    /// Disarms everything.
+    pub fn clear_all(&self) {
+        self.rules().clear();
+    }
+
+    /// How many times `point` fired (injected a failure or paused).
+    pub fn fired(&self, point: FaultPoint) -> u64 {
+        self.fired[point.index()].load(Ordering::Relaxed)
+    }
+
+    /// How many times `point` was reached.
+    pub fn reached(&self, point: FaultPoint) -> u64 {
+        self.calls[point.index()].load(Ordering::Relaxed)
+    }
+
+    /// Decides one call at `point`. A pause blocks here (outside the plan's lock).
+    pub(crate) fn check(&self, point: FaultPoint) -> Injected {
+        let call = self.calls[point.index()].fetch_add(1, Ordering::Relaxed);
+        let action = {
+            let mut rules = self.rules();
+            let mut chosen = None;
+            for rule in rules.iter_mut().filter(|r| r.point == point) {
+                let fire = match &mut rule.trigger {
+                    Trigger::Always => true,
+                    Trigger::Times(n) => {
+                        if *n > 0 {
+                            *n -= 1;
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                    Trigger::Probability(p) => unit(self.seed, point, call) < *p,
+                };
+                if fire {
+                    chosen = Some(rule.action.clone());
+                    break;
+                }
+            }
+            rules.retain(|r| !matches!(r.trigger, Trigger::Times(0)));
+            chosen
+        };
+        let Some(action) = action else {
+            return Injected::None;
+        };
+        self.fired[point.index()].fetch_add(1, Ordering::Relaxed);
+        match action {
+            FaultAction::Fail(e) => Injected::Fail(e),
+            FaultAction::FailAfter(e) => Injected::FailAfter(e),
+            FaultAction::Pause(h) => {
+                h.pause_here();
+                Injected::None
+            }
+        }
+    }
+}
+
+/// A uniform number in [0, 1) from the seed, the point and the call index: the same plan with
+/// the same seed makes the same decisions for the same sequence of calls at a point.
+fn unit(seed: u64, point: FaultPoint, call: u64) -> f64 {
+    let mut x = seed ^ (point.index() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ call;
+    // splitmix64 finaliser
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Checks `point` against an optional plan.
+#[inline]
+pub(crate) fn check(plan: &Option<Arc<FaultPlan>>, point: FaultPoint) -> Injected {
+    match plan {
+        None => Injected::None,
+        Some(p) => p.check(point),
+    }
+}
+
+/// A pause at a fault point: the paused thread blocks until [`PauseHandle::release`].
+#[derive(Debug, Default)]
+pub struct PauseHandle {
+    state: Mutex<PauseState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct PauseState {
+    reached: bool,
+    released: bool,
+}
+
+impl PauseHandle {
+    fn lock(&self) -> MutexGuard<'_, PauseState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pause_here(&self) {
+        let mut s = self.lock();
+        s.reached = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits until a thread is paused here; false if `timeout` passed first.
+    pub fn wait_reached(&self, timeout: Duration) -> bool {
+        let s = self.lock();
+        let (s, _) = self
+            .cv
+            .wait_timeout_while(s, timeout, |s| !s.reached)
+            .unwrap_or_else(|p| p.into_inner());
+        s.reached
+    }
+
+    /// True once a thread reached the point.
+    pub fn is_reached(&self) -> bool {
+        self.lock().reached
+    }
+
+    /// Lets the paused thread (and any later one) go on.
+    pub fn release(&self) {
+        let mut s = self.lock();
+        s.released = true;
+        self.cv.notify_all();
+    }
+}

@@ -1,0 +1,539 @@
+//! How bytes move: the I/O request types, the handle the engine submits through, staging
+//! buffers, and the reaper that closes files off the callers' threads.
+//!
+//! The backends live in [`uring`] (an io_uring ring thread) and [`psync`] (plain syscalls on an
+//! I/O thread). Both take the same [`Op`]s over a crossbeam channel and report each one's
+//! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
+
+pub(crate) mod psync;
+pub(crate) mod uring;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use memmap2::{Mmap, MmapMut};
+use parking_lot::Mutex;
+
+use crate::fault::{self, FaultPlan, FaultPoint, Injected};
+use crate::segment::{FRAME_LEN, NAME_CAP};
+
+/// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
+pub(crate) trait OpSink: Send + Sync {
+    fn complete(&self, token: u64, res: io::Result<usize>);
+}
+
+/// A file descriptor shared by the ops that use it. When the last user drops it, the fd goes
+/// to the reaper: the final close of an unlinked file frees its blocks, which can take tens of
+/// milliseconds, and must not stall a caller or a ring thread.
+#[derive(Debug)]
+pub(crate) struct FileHandle {
+    fd: Option<OwnedFd>,
+    reaper: Reaper,
+}
+
+impl FileHandle {
+    pub(crate) fn new(fd: OwnedFd, reaper: Reaper) -> Arc<Self> {
+        Arc::new(FileHandle {
+            fd: Some(fd),
+            reaper,
+        })
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        // `fd` is only None inside drop.
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    pub(crate) fn fd(&self) -> Option<&OwnedFd> {
+        self.fd.as_ref()
+    }
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            self.reaper.reap(Reaped::Fd(fd));
+        }
+    }
+}
+
+/// What a write op writes.
+pub(crate) enum WriteData {
+    /// `buf[..len]` of a staging buffer.
+    Staged(IoBuf),
+    /// A frame header followed by a caller's payload, written with no copy (vectored).
+    Framed {
+        frame: [u8; FRAME_LEN],
+        payload: Bytes,
+    },
+}
+
+impl WriteData {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            WriteData::Staged(b) => b.len,
+            WriteData::Framed { payload, .. } => FRAME_LEN + payload.len(),
+        }
+    }
+}
+
+/// A NUL-terminated name for `unlinkat`, stored inline so an op owns it until completion.
+#[derive(Clone, Copy)]
+pub(crate) struct NameBuf {
+    buf: [u8; NAME_BUF],
+}
+
+const NAME_BUF: usize = 128;
+
+impl std::fmt::Debug for NameBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.buf.iter().position(|&b| b == 0).unwrap_or(NAME_BUF);
+        write!(f, "{:?}", String::from_utf8_lossy(&self.buf[..end]))
+    }
+}
+
+impl NameBuf {
+    /// `None` when the name has a NUL or does not fit.
+    pub(crate) fn new(name: &[u8]) -> Option<Self> {
+        if name.len() >= NAME_BUF || name.contains(&0) {
+            return None;
+        }
+        let mut buf = [0u8; NAME_BUF];
+        buf[..name.len()].copy_from_slice(name);
+        Some(NameBuf { buf })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const libc::c_char {
+        self.buf.as_ptr().cast()
+    }
+}
+
+const _: () = assert!(NAME_CAP <= NAME_BUF);
+
+/// One I/O request.
+pub(crate) enum OpKind {
+    /// Write `data` at `offset` of `file`; short writes are continued until all is written.
+    Write {
+        file: Arc<FileHandle>,
+        offset: u64,
+        data: WriteData,
+    },
+    /// `unlinkat(dir, name, rmdir ? AT_REMOVEDIR : 0)`.
+    Unlink {
+        dir: Arc<FileHandle>,
+        name: NameBuf,
+        rmdir: bool,
+        point: FaultPoint,
+    },
+}
+
+pub(crate) struct Op {
+    pub kind: OpKind,
+    pub sink: Arc<dyn OpSink>,
+    pub token: u64,
+}
+
+impl Op {
+    fn fault_point(&self) -> FaultPoint {
+        match &self.kind {
+            OpKind::Write { .. } => FaultPoint::IoWrite,
+            OpKind::Unlink { point, .. } => *point,
+        }
+    }
+
+    pub(crate) fn complete(self, res: io::Result<usize>) {
+        self.sink.complete(self.token, res);
+    }
+}
+
+/// Consults the fault plan for an op about to run on a backend.
+pub(crate) fn injected(plan: &Option<Arc<FaultPlan>>, op: &Op) -> Injected {
+    fault::check(plan, op.fault_point())
+}
+
+pub(crate) enum Msg {
+    Op(Op),
+    Shutdown,
+}
+
+/// Wakes an I/O thread that may be asleep.
+pub(crate) trait Wake: Send + Sync {
+    fn wake(&self);
+}
+
+struct Lane {
+    tx: Sender<Msg>,
+    wake: Arc<dyn Wake>,
+}
+
+/// The engine's handle on its I/O threads.
+pub(crate) struct IoHandle {
+    lanes: Vec<Lane>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next: AtomicUsize,
+    kind: &'static str,
+}
+
+impl std::fmt::Debug for IoHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoHandle")
+            .field("backend", &self.kind)
+            .field("lanes", &self.lanes.len())
+            .finish()
+    }
+}
+
+/// What starting a backend needs.
+pub(crate) struct IoSetup {
+    pub threads: usize,
+    pub ring_entries: u32,
+    pub registered_buffers: usize,
+    pub pool: Arc<BufferPool>,
+    pub fault: Option<Arc<FaultPlan>>,
+}
+
+impl IoHandle {
+    /// Starts io_uring ring threads.
+    pub(crate) fn start_uring(setup: &IoSetup) -> io::Result<Self> {
+        let mut lanes = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..setup.threads {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let (wake, join) = uring::spawn(i, rx, setup)?;
+            lanes.push(Lane { tx, wake });
+            threads.push(join);
+        }
+        Ok(Self::assemble(lanes, threads, "io_uring"))
+    }
+
+    /// Starts psync I/O threads.
+    pub(crate) fn start_psync(setup: &IoSetup) -> io::Result<Self> {
+        let mut lanes = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..setup.threads {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let join = psync::spawn(i, rx, setup.fault.clone())?;
+            lanes.push(Lane {
+                tx,
+                wake: Arc::new(NoWake),
+            });
+            threads.push(join);
+        }
+        Ok(Self::assemble(lanes, threads, "psync"))
+    }
+
+    fn assemble(lanes: Vec<Lane>, threads: Vec<JoinHandle<()>>, kind: &'static str) -> Self {
+        IoHandle {
+            lanes,
+            threads: Mutex::new(threads),
+            next: AtomicUsize::new(0),
+            kind,
+        }
+    }
+
+    /// "io_uring" or "psync".
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Picks a lane for a new writer (round-robin).
+    pub(crate) fn pick_lane(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
+    }
+
+    /// Queues `op` on `lane`. If the I/O threads are gone (engine shut down), the op completes
+    /// at once with an error, on this thread.
+    pub(crate) fn submit(&self, lane: usize, op: Op) {
+        let lane = &self.lanes[lane % self.lanes.len()];
+        match lane.tx.send(Msg::Op(op)) {
+            Ok(()) => lane.wake.wake(),
+            Err(crossbeam_channel::SendError(Msg::Op(op))) => op.complete(Err(shut_down())),
+            Err(_) => {}
+        }
+    }
+
+    /// Stops the I/O threads after every queued and in-flight op completed, and waits for them.
+    pub(crate) fn shutdown(&self) {
+        for lane in &self.lanes {
+            let _ = lane.tx.send(Msg::Shutdown);
+            lane.wake.wake();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            if t.join().is_err() {
+                tracing::error!("spillring I/O thread panicked");
+            }
+        }
+    }
+}
+
+pub(crate) fn shut_down() -> io::Error {
+    io::Error::other("spillring engine is shut down")
+}
+
+struct NoWake;
+impl Wake for NoWake {
+    fn wake(&self) {}
+}
+
+/// Drains a lane after shutdown was requested: anything still queued completes with an error.
+pub(crate) fn fail_remaining(rx: &Receiver<Msg>) {
+    while let Ok(m) = rx.try_recv() {
+        if let Msg::Op(op) = m {
+            op.complete(Err(shut_down()));
+        }
+    }
+}
+
+/// A page-aligned staging buffer. Dropping it returns it to its pool.
+pub(crate) struct IoBuf {
+    map: Option<MmapMut>,
+    /// Bytes filled.
+    pub len: usize,
+    /// Index among the buffers registered with the rings, if it has one.
+    pub slot: Option<u16>,
+    pool: Arc<BufferPool>,
+}
+
+impl IoBuf {
+    pub(crate) fn capacity(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.len())
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.map.as_ref().map_or(std::ptr::null(), |m| m.as_ptr())
+    }
+
+    /// The whole buffer, for filling.
+    pub(crate) fn space(&mut self) -> &mut [u8] {
+        match self.map.as_mut() {
+            Some(m) => &mut m[..],
+            None => &mut [],
+        }
+    }
+
+    /// The filled part.
+    pub(crate) fn filled(&self) -> &[u8] {
+        match self.map.as_ref() {
+            Some(m) => &m[..self.len],
+            None => &[],
+        }
+    }
+
+    /// Appends `data`; the caller checked it fits.
+    #[inline]
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        let at = self.len;
+        self.space()[at..at + data.len()].copy_from_slice(data);
+        self.len += data.len();
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.capacity() - self.len
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        if let Some(map) = self.map.take() {
+            self.pool.put(map, self.slot);
+        }
+    }
+}
+
+/// A pool of page-aligned staging buffers of one size. The first `max_slots` buffers it ever
+/// makes get a registration slot and are kept for the engine's life (the rings register them
+/// as fixed buffers); others are kept up to `retain` and unmapped beyond that.
+#[derive(Debug)]
+pub(crate) struct BufferPool {
+    size: usize,
+    max_slots: usize,
+    retain: usize,
+    slotted: Mutex<Vec<(MmapMut, u16)>>,
+    plain: Mutex<Vec<MmapMut>>,
+    next_slot: AtomicUsize,
+}
+
+impl BufferPool {
+    pub(crate) fn new(size: usize, max_slots: usize, retain: usize) -> Arc<Self> {
+        Arc::new(BufferPool {
+            size,
+            max_slots,
+            retain,
+            slotted: Mutex::new(Vec::new()),
+            plain: Mutex::new(Vec::new()),
+            next_slot: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn buffer_size(&self) -> usize {
+        self.size
+    }
+
+    pub(crate) fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    /// A buffer, empty. Maps a new one when none is free.
+    pub(crate) fn get(self: &Arc<Self>) -> io::Result<IoBuf> {
+        if let Some((map, slot)) = self.slotted.lock().pop() {
+            return Ok(self.wrap(map, Some(slot)));
+        }
+        if let Some(map) = self.plain.lock().pop() {
+            return Ok(self.wrap(map, None));
+        }
+        let map = MmapMut::map_anon(self.size)?;
+        let slot = if self.next_slot.load(Ordering::Relaxed) < self.max_slots {
+            let s = self.next_slot.fetch_add(1, Ordering::Relaxed);
+            (s < self.max_slots).then_some(s as u16)
+        } else {
+            None
+        };
+        Ok(self.wrap(map, slot))
+    }
+
+    fn wrap(self: &Arc<Self>, map: MmapMut, slot: Option<u16>) -> IoBuf {
+        IoBuf {
+            map: Some(map),
+            len: 0,
+            slot,
+            pool: self.clone(),
+        }
+    }
+
+    fn put(&self, map: MmapMut, slot: Option<u16>) {
+        match slot {
+            Some(s) => self.slotted.lock().push((map, s)),
+            None => {
+                let mut plain = self.plain.lock();
+                if plain.len() < self.retain {
+                    plain.push(map);
+                }
+            }
+        }
+    }
+}
+
+/// Something whose drop may be slow, dropped on the reaper thread.
+#[derive(Debug)]
+pub(crate) enum Reaped {
+    Fd(OwnedFd),
+    Map(Mmap),
+    /// Barrier: the reaper answers once everything sent before it was dropped.
+    Flush(Sender<()>),
+}
+
+/// Sends slow drops to the reaper thread; drops inline when the thread is gone.
+#[derive(Debug, Clone)]
+pub(crate) struct Reaper {
+    tx: Option<Sender<Reaped>>,
+}
+
+impl Reaper {
+    /// A reaper that drops inline (used when no thread is wanted).
+    pub(crate) fn inline() -> Self {
+        Reaper { tx: None }
+    }
+
+    /// Starts the reaper thread.
+    pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Reaped>();
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let join = std::thread::Builder::new()
+            .name("spillring-reaper".into())
+            .spawn(move || {
+                loop {
+                    crossbeam_channel::select! {
+                        recv(rx) -> m => match m {
+                            Ok(Reaped::Flush(ack)) => { let _ = ack.send(()); }
+                            Ok(other) => drop(other),
+                            Err(_) => return,
+                        },
+                        recv(stop_rx) -> _ => {
+                            // Drop what is queued, then leave; later sends drop inline.
+                            while let Ok(m) = rx.try_recv() {
+                                if let Reaped::Flush(ack) = m { let _ = ack.send(()); }
+                            }
+                            return;
+                        }
+                    }
+                }
+            })?;
+        Ok((
+            Reaper { tx: Some(tx) },
+            ReaperThread {
+                stop: stop_tx,
+                join: Mutex::new(Some(join)),
+            },
+        ))
+    }
+
+    pub(crate) fn reap(&self, item: Reaped) {
+        if let Some(tx) = &self.tx
+            && let Err(crossbeam_channel::SendError(item)) = tx.send(item)
+        {
+            drop(item);
+        }
+    }
+
+    /// Waits until everything reaped before this call was dropped.
+    pub(crate) fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
+            if tx.send(Reaped::Flush(ack_tx)).is_ok() {
+                let _ = ack_rx.recv();
+            }
+        }
+    }
+}
+
+/// The reaper thread's stop handle.
+#[derive(Debug)]
+pub(crate) struct ReaperThread {
+    stop: Sender<()>,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ReaperThread {
+    pub(crate) fn stop(&self) {
+        let _ = self.stop.try_send(());
+        if let Some(j) = self.join.lock().take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Writes all of `buf` at `offset` with `pwrite`, continuing short writes.
+pub(crate) fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> io::Result<usize> {
+    let total = buf.len();
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a live slice for the duration of the call; the kernel reads at most
+        // `buf.len()` bytes from it.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        buf = &buf[n as usize..];
+        offset += n as u64;
+    }
+    Ok(total)
+}

@@ -1,0 +1,108 @@
+//! The psync backend: each op is a plain syscall (`pwrite`, `pwritev`, `unlinkat`) on an I/O
+//! thread of the engine's, so callers keep write-behind semantics without io_uring.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Receiver;
+
+use super::{Msg, Op, OpKind, WriteData, fail_remaining, injected, pwrite_all};
+use crate::fault::{FaultPlan, Injected};
+
+pub(crate) fn spawn(
+    index: usize,
+    rx: Receiver<Msg>,
+    fault: Option<Arc<FaultPlan>>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("spillring-psync-{index}"))
+        .spawn(move || {
+            while let Ok(msg) = rx.recv() {
+                match msg {
+                    Msg::Op(op) => run(op, &fault),
+                    Msg::Shutdown => break,
+                }
+            }
+            fail_remaining(&rx);
+        })
+}
+
+fn run(op: Op, fault: &Option<Arc<FaultPlan>>) {
+    let res = match injected(fault, &op) {
+        Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+        Injected::FailAfter(e) => execute(&op.kind).and(Err(io::Error::from_raw_os_error(e))),
+        Injected::None => execute(&op.kind),
+    };
+    op.complete(res);
+}
+
+/// Runs one op with plain syscalls.
+pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
+    match kind {
+        OpKind::Write { file, offset, data } => match data {
+            WriteData::Staged(buf) => pwrite_all(file.raw(), buf.filled(), *offset),
+            WriteData::Framed { frame, payload } => {
+                pwritev2_all(file.raw(), frame, payload, *offset)
+            }
+        },
+        OpKind::Unlink {
+            dir, name, rmdir, ..
+        } => {
+            let flags = if *rmdir { libc::AT_REMOVEDIR } else { 0 };
+            // SAFETY: `name` is NUL-terminated and lives for the call; `dir` is an open fd.
+            let r = unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), flags) };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(0)
+            }
+        }
+    }
+}
+
+/// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
+fn pwritev2_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<usize> {
+    let total = head.len() + tail.len();
+    let mut done = 0usize;
+    while done < total {
+        let (a, b): (&[u8], &[u8]) = if done < head.len() {
+            (&head[done..], tail)
+        } else {
+            (&tail[done - head.len()..], &[])
+        };
+        let iov = [
+            libc::iovec {
+                iov_base: a.as_ptr() as *mut libc::c_void,
+                iov_len: a.len(),
+            },
+            libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            },
+        ];
+        let cnt = if b.is_empty() { 1 } else { 2 };
+        // SAFETY: both iovecs point into slices that live for the call; the kernel only reads.
+        let n = unsafe {
+            libc::pwritev(
+                fd,
+                iov.as_ptr(),
+                cnt,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        done += n as usize;
+    }
+    Ok(total)
+}

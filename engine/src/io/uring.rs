@@ -1,0 +1,420 @@
+//! The io_uring backend: one ring per I/O thread. All of the engine's io_uring code is here.
+//!
+//! Requests arrive over a crossbeam channel; the thread moves as many as it has slots for into
+//! the submission queue and submits them with one `io_uring_enter`. When it has nothing to do it
+//! sleeps in `io_uring_enter` with a poll armed on an eventfd, and a sender writes the eventfd
+//! only when the thread said it is going to sleep, so a busy ring costs senders no syscall.
+//!
+//! Every in-flight op lives in a slot of a fixed array (stable addresses for iovecs and names)
+//! and owns its buffer and file until its completion arrives; the thread leaves only when no op
+//! is in flight, so the kernel never writes from or to freed memory, whatever callers did.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use io_uring::{IoUring, opcode, register::Probe, squeue, types};
+
+use super::{IoSetup, Msg, Op, OpKind, Wake, WriteData, fail_remaining, injected};
+use crate::error::cqe_result;
+use crate::fault::{FaultPlan, Injected};
+
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// Wakes a ring thread blocked in `io_uring_enter` by writing its eventfd.
+struct EventWake {
+    efd: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Wake for EventWake {
+    fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
+            // (EAGAIN) means a wake is already pending, which is all we need.
+            unsafe {
+                libc::write(
+                    self.efd.as_raw_fd(),
+                    (&one as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                );
+            }
+        }
+    }
+}
+
+struct Slot {
+    op: Option<Op>,
+    /// Bytes of a write already done (short writes are continued).
+    done: usize,
+    /// Report this errno after the op completes (an injected ambiguous outcome).
+    fail_after: Option<i32>,
+    iov: [libc::iovec; 2],
+}
+
+impl Slot {
+    fn empty() -> Self {
+        Slot {
+            op: None,
+            done: 0,
+            fail_after: None,
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2],
+        }
+    }
+}
+
+struct Ring {
+    ring: IoUring,
+    rx: Receiver<Msg>,
+    wake: Arc<EventWake>,
+    slots: Box<[Slot]>,
+    free: Vec<usize>,
+    backlog: VecDeque<Op>,
+    inflight: usize,
+    fixed: bool,
+    registered: Vec<bool>,
+    fault: Option<Arc<FaultPlan>>,
+    cqes: Vec<(u64, i32)>,
+}
+
+// SAFETY: the raw pointers in `Slot::iov` point into buffers owned by the slot's own op, which
+// moves with the ring; nothing else refers to them.
+unsafe impl Send for Ring {}
+
+/// Sets up a ring (on the calling thread, so a refusal is returned to `Engine::open`) and starts
+/// its thread.
+pub(crate) fn spawn(
+    index: usize,
+    rx: Receiver<Msg>,
+    setup: &IoSetup,
+) -> io::Result<(Arc<dyn Wake>, JoinHandle<()>)> {
+    let entries = setup.ring_entries;
+    let ring = IoUring::builder()
+        .setup_cqsize(entries * 2)
+        .setup_clamp()
+        .build(entries)?;
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for (code, name) in [
+        (opcode::Write::CODE, "write"),
+        (opcode::Writev::CODE, "writev"),
+        (opcode::UnlinkAt::CODE, "unlinkat"),
+        (opcode::PollAdd::CODE, "poll_add"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("io_uring lacks the {name} opcode"),
+            ));
+        }
+    }
+    // Buffered writes to one inode are serialised in io-wq anyway; cap its workers so a burst
+    // of punted requests does not spawn a thread each (both limits: bounded, unbounded).
+    let mut max = [4u32, 4u32];
+    let _ = ring.submitter().register_iowq_max_workers(&mut max);
+
+    let nslots = setup.pool.max_slots();
+    let fixed = probe.is_supported(opcode::WriteFixed::CODE)
+        && nslots > 0
+        && ring.submitter().register_buffers_sparse(nslots as u32).is_ok();
+
+    // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a freshly created fd that nothing else owns.
+    let efd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let wake = Arc::new(EventWake {
+        efd,
+        sleeping: AtomicBool::new(false),
+    });
+    // One slot less than the SQ: the eventfd poll is always in flight too.
+    let nops = entries as usize - 1;
+    let mut r = Ring {
+        ring,
+        rx,
+        wake: wake.clone(),
+        slots: (0..nops).map(|_| Slot::empty()).collect(),
+        free: (0..nops).rev().collect(),
+        backlog: VecDeque::new(),
+        inflight: 0,
+        fixed,
+        registered: vec![false; if fixed { nslots } else { 0 }],
+        fault: setup.fault.clone(),
+        cqes: Vec::with_capacity(entries as usize * 2),
+    };
+    let join = std::thread::Builder::new()
+        .name(format!("spillring-ring-{index}"))
+        .spawn(move || r.run())?;
+    Ok((wake, join))
+}
+
+impl Ring {
+    fn run(&mut self) {
+        let mut shutting_down = false;
+        if let Err(e) = self.arm_wake() {
+            tracing::error!(error = %e, "spillring ring thread cannot arm its wake poll");
+        }
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(Msg::Op(op)) => self.backlog.push_back(op),
+                    Ok(Msg::Shutdown) => shutting_down = true,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        shutting_down = true;
+                        break;
+                    }
+                }
+            }
+            while !self.free.is_empty() {
+                let Some(op) = self.backlog.pop_front() else {
+                    break;
+                };
+                self.start(op);
+            }
+            if shutting_down && self.inflight == 0 && self.backlog.is_empty() {
+                break;
+            }
+            let mut want = usize::from(self.ring.completion().is_empty());
+            if want == 1 {
+                self.wake.sleeping.store(true, Ordering::SeqCst);
+                if !self.rx.is_empty() || (!self.backlog.is_empty() && !self.free.is_empty()) {
+                    want = 0;
+                }
+            }
+            let r = self.ring.submit_and_wait(want);
+            self.wake.sleeping.store(false, Ordering::SeqCst);
+            match r {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {} // reap below, then retry
+                Err(e) => {
+                    tracing::error!(error = %e, "io_uring_enter failed");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap();
+        }
+        fail_remaining(&self.rx);
+        // The eventfd poll may still be armed; it holds no buffer, so dropping the ring is safe.
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        let e = opcode::PollAdd::new(
+            types::Fd(self.wake.efd.as_raw_fd()),
+            libc::POLLIN as u32,
+        )
+        .build()
+        .user_data(WAKE_TOKEN);
+        self.push(&e)
+    }
+
+    fn push(&mut self, e: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every pointer in `e` refers to memory owned by an in-flight slot (or to
+            // the eventfd, which lives as long as the ring); slots are not reused until their
+            // completion is reaped.
+            if unsafe { self.ring.submission().push(e) }.is_ok() {
+                return Ok(());
+            }
+            // The SQ is full of unsubmitted entries: hand them to the kernel and retry.
+            self.ring.submit()?;
+        }
+    }
+
+    fn start(&mut self, op: Op) {
+        let fail_after = match injected(&self.fault, &op) {
+            Injected::Fail(e) => {
+                op.complete(Err(io::Error::from_raw_os_error(e)));
+                return;
+            }
+            Injected::FailAfter(e) => Some(e),
+            Injected::None => None,
+        };
+        let Some(idx) = self.free.pop() else {
+            self.backlog.push_front(op);
+            return;
+        };
+        self.register_buffer_for(&op);
+        let slot = &mut self.slots[idx];
+        slot.op = Some(op);
+        slot.done = 0;
+        slot.fail_after = fail_after;
+        self.inflight += 1;
+        self.submit_slot(idx);
+    }
+
+    /// Registers a pooled buffer with this ring the first time it is used here.
+    fn register_buffer_for(&mut self, op: &Op) {
+        let OpKind::Write {
+            data: WriteData::Staged(buf),
+            ..
+        } = &op.kind
+        else {
+            return;
+        };
+        let Some(s) = buf.slot else { return };
+        let s = s as usize;
+        if !self.fixed || s >= self.registered.len() || self.registered[s] {
+            return;
+        }
+        let iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.capacity(),
+        };
+        // SAFETY: the buffer is a pooled mapping that the pool keeps for the engine's life (it
+        // has a registration slot); the kernel pins its pages while it is registered.
+        match unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(s as u32, &[iov], None)
+        } {
+            Ok(()) => self.registered[s] = true,
+            Err(e) => {
+                tracing::info!(error = %e, "io_uring buffer registration refused; using unregistered buffers");
+                self.fixed = false;
+            }
+        }
+    }
+
+    /// Builds and pushes the SQE for the slot's op at its current progress.
+    fn submit_slot(&mut self, idx: usize) {
+        let fixed = self.fixed;
+        let registered = &self.registered;
+        let slot = &mut self.slots[idx];
+        let Some(op) = slot.op.as_ref() else { return };
+        let entry = match &op.kind {
+            OpKind::Write { file, offset, data } => {
+                let fd = types::Fd(file.raw());
+                let off = offset + slot.done as u64;
+                match data {
+                    WriteData::Staged(buf) => {
+                        // SAFETY: `done < buf.len <= capacity`, so the pointer stays inside the
+                        // buffer the slot owns.
+                        let ptr = unsafe { buf.as_ptr().add(slot.done) };
+                        let len = (buf.len - slot.done) as u32;
+                        match buf.slot {
+                            Some(s) if fixed && registered.get(s as usize) == Some(&true) => {
+                                opcode::WriteFixed::new(fd, ptr, len, s)
+                                    .offset(off)
+                                    .build()
+                            }
+                            _ => opcode::Write::new(fd, ptr, len).offset(off).build(),
+                        }
+                    }
+                    WriteData::Framed { frame, payload } => {
+                        let (a, b): (&[u8], &[u8]) = if slot.done < frame.len() {
+                            (&frame[slot.done..], &payload[..])
+                        } else {
+                            (&payload[slot.done - frame.len()..], &[])
+                        };
+                        slot.iov = [
+                            libc::iovec {
+                                iov_base: a.as_ptr() as *mut libc::c_void,
+                                iov_len: a.len(),
+                            },
+                            libc::iovec {
+                                iov_base: b.as_ptr() as *mut libc::c_void,
+                                iov_len: b.len(),
+                            },
+                        ];
+                        let cnt = if b.is_empty() { 1 } else { 2 };
+                        opcode::Writev::new(fd, slot.iov.as_ptr(), cnt)
+                            .offset(off)
+                            .build()
+                    }
+                }
+            }
+            OpKind::Unlink {
+                dir, name, rmdir, ..
+            } => opcode::UnlinkAt::new(types::Fd(dir.raw()), name.as_ptr())
+                .flags(if *rmdir { libc::AT_REMOVEDIR } else { 0 })
+                .build(),
+        }
+        .user_data(idx as u64);
+        if let Err(e) = self.push(&entry) {
+            self.finish(idx, Err(e));
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(ud, res) in &cqes {
+            if ud == WAKE_TOKEN {
+                self.drain_eventfd();
+                if let Err(e) = self.arm_wake() {
+                    tracing::error!(error = %e, "spillring ring thread cannot re-arm its wake poll");
+                }
+                continue;
+            }
+            self.on_complete(ud as usize, res);
+        }
+        cqes.clear();
+        self.cqes = cqes;
+    }
+
+    fn drain_eventfd(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.wake.efd.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    fn on_complete(&mut self, idx: usize, res: i32) {
+        let Some(slot) = self.slots.get_mut(idx) else {
+            tracing::error!(idx, "completion for an unknown slot");
+            return;
+        };
+        let Some(op) = slot.op.as_ref() else {
+            tracing::error!(idx, "completion for an empty slot");
+            return;
+        };
+        match &op.kind {
+            OpKind::Write { data, .. } => {
+                let total = data.len();
+                match cqe_result(res) {
+                    Err(e) => self.finish(idx, Err(e)),
+                    Ok(0) => self.finish(idx, Err(io::Error::from(io::ErrorKind::WriteZero))),
+                    Ok(n) => {
+                        slot.done += n;
+                        if slot.done >= total {
+                            self.finish(idx, Ok(total));
+                        } else {
+                            self.submit_slot(idx);
+                        }
+                    }
+                }
+            }
+            OpKind::Unlink { .. } => self.finish(idx, cqe_result(res)),
+        }
+    }
+
+    fn finish(&mut self, idx: usize, mut res: io::Result<usize>) {
+        let slot = &mut self.slots[idx];
+        let Some(op) = slot.op.take() else { return };
+        if let Some(e) = slot.fail_after.take()
+            && res.is_ok()
+        {
+            res = Err(io::Error::from_raw_os_error(e));
+        }
+        self.free.push(idx);
+        self.inflight -= 1;
+        op.complete(res);
+    }
+}

@@ -1,0 +1,251 @@
+//! The ticket ledger: a bounded count of segment files on disk that the engine must still
+//! delete, and the bytes they hold.
+//!
+//! A [`Ticket`] is a move-only value. Reserving one returns it; creating a file moves it into
+//! the segment; a confirmed delete (or "already absent", or a publish) consumes it for good.
+//! Dropping a ticket returns its capacity, so a ticket dropped before its file exists costs
+//! nothing. Once a file exists and its delete fails, the ticket becomes a [`RetainedTicket`]
+//! (four bytes, no pointer) held by a name-only cleanup record until the delete is confirmed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::error::{Result, SpillError};
+
+/// Quota accounting unit: bytes are counted in 4 KiB pages, rounded up per segment.
+pub(crate) const PAGE: u64 = 4096;
+
+/// Pages needed to hold `bytes`.
+pub(crate) fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE)
+}
+
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    capacity: usize,
+    used: AtomicUsize,
+    high_water: AtomicUsize,
+    /// Quota in pages; `u64::MAX` when unlimited.
+    max_pages: u64,
+    pages_used: AtomicU64,
+    admission_failures: AtomicU64,
+    quota_failures: AtomicU64,
+}
+
+/// The right to have one segment file on disk. Dropping it returns the capacity.
+#[must_use = "a ticket dropped here returns to the ledger; move it into the segment it pays for"]
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    ledger: Arc<Ledger>,
+    pages: u64,
+}
+
+/// A ticket kept by a name-only cleanup record: capacity stays held until
+/// [`Ledger::release_retained`] is called with it after a confirmed delete.
+#[must_use = "a retained ticket must be given back with Ledger::release_retained"]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RetainedTicket {
+    pages: u32,
+}
+
+impl Ledger {
+    pub(crate) fn new(capacity: usize, max_bytes: Option<u64>) -> Arc<Self> {
+        Arc::new(Ledger {
+            capacity,
+            used: AtomicUsize::new(0),
+            high_water: AtomicUsize::new(0),
+            max_pages: max_bytes.map_or(u64::MAX, pages),
+            pages_used: AtomicU64::new(0),
+            admission_failures: AtomicU64::new(0),
+            quota_failures: AtomicU64::new(0),
+        })
+    }
+
+    /// Reserves one ticket holding `bytes` of quota, or refuses with `LedgerFull` /
+    /// `QuotaExceeded` and changes nothing.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Ticket> {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.capacity {
+                self.admission_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(SpillError::LedgerFull {
+                    capacity: self.capacity,
+                });
+            }
+            match self.used.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        self.high_water.fetch_max(cur + 1, Ordering::Relaxed);
+        let want = pages(bytes);
+        if let Err(e) = self.take_pages(want) {
+            self.used.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(Ticket {
+            ledger: self.clone(),
+            pages: want,
+        })
+    }
+
+    fn take_pages(&self, want: u64) -> Result<()> {
+        if self.max_pages == u64::MAX {
+            self.pages_used.fetch_add(want, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut cur = self.pages_used.load(Ordering::Relaxed);
+        loop {
+            if cur.saturating_add(want) > self.max_pages {
+                self.quota_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(SpillError::QuotaExceeded {
+                    limit: self.max_pages * PAGE,
+                    in_use: cur * PAGE,
+                    requested: want * PAGE,
+                });
+            }
+            match self.pages_used.compare_exchange_weak(
+                cur,
+                cur + want,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn give_back(&self, pages: u64) {
+        self.pages_used.fetch_sub(pages, Ordering::AcqRel);
+        self.used.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Gives back the capacity of a retained ticket after its file's delete was confirmed.
+    pub(crate) fn release_retained(&self, t: RetainedTicket) {
+        self.give_back(u64::from(t.pages));
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn high_water(&self) -> usize {
+        self.high_water.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn bytes_used(&self) -> u64 {
+        self.pages_used.load(Ordering::Acquire) * PAGE
+    }
+
+    pub(crate) fn admission_failures(&self) -> u64 {
+        self.admission_failures.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn quota_failures(&self) -> u64 {
+        self.quota_failures.load(Ordering::Relaxed)
+    }
+}
+
+impl Ticket {
+    /// Shrinks the quota this ticket holds to what its sealed file really uses.
+    pub(crate) fn shrink_to(&mut self, bytes: u64) {
+        let want = pages(bytes);
+        if want < self.pages {
+            self.ledger
+                .pages_used
+                .fetch_sub(self.pages - want, Ordering::AcqRel);
+            self.pages = want;
+        }
+    }
+
+    /// Keeps the capacity held without a pointer to the ledger, for a name-only record.
+    pub(crate) fn retain(self) -> RetainedTicket {
+        let pages = u32::try_from(self.pages).unwrap_or(u32::MAX);
+        // The capacity stays taken: forget the ticket so its Drop does not give it back.
+        let extra = self.pages.saturating_sub(u64::from(pages));
+        if extra > 0 {
+            // Only a > 16 TiB segment could get here; keep the accounting exact anyway.
+            self.ledger.pages_used.fetch_sub(extra, Ordering::AcqRel);
+        }
+        std::mem::forget(self);
+        RetainedTicket { pages }
+    }
+}
+
+impl RetainedTicket {
+    /// The quota pages held, for a record that stores the ticket as a number.
+    pub(crate) fn into_pages(self) -> u32 {
+        self.pages
+    }
+
+    /// Rebuilds the retained ticket a record stored with [`RetainedTicket::into_pages`].
+    pub(crate) fn from_pages(pages: u32) -> Self {
+        RetainedTicket { pages }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.ledger.give_back(self.pages);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_ledger_refuses_and_reopens() {
+        let l = Ledger::new(2, None);
+        let a = l.reserve(10).unwrap();
+        let b = l.reserve(10).unwrap();
+        assert!(matches!(
+            l.reserve(10),
+            Err(SpillError::LedgerFull { capacity: 2 })
+        ));
+        assert_eq!(l.admission_failures(), 1);
+        drop(a);
+        let c = l.reserve(10).unwrap();
+        assert_eq!(l.used(), 2);
+        assert_eq!(l.high_water(), 2);
+        drop((b, c));
+        assert_eq!(l.used(), 0);
+        assert_eq!(l.bytes_used(), 0);
+    }
+
+    #[test]
+    fn quota_is_checked_with_the_ticket() {
+        let l = Ledger::new(10, Some(3 * PAGE));
+        let a = l.reserve(2 * PAGE).unwrap();
+        let err = l.reserve(2 * PAGE).unwrap_err();
+        assert!(matches!(err, SpillError::QuotaExceeded { .. }), "{err}");
+        assert_eq!(l.used(), 1, "a refused quota gives the ticket back");
+        let mut a = a;
+        a.shrink_to(1);
+        let b = l.reserve(2 * PAGE).unwrap();
+        assert_eq!(l.bytes_used(), 3 * PAGE);
+        drop((a, b));
+        assert_eq!(l.bytes_used(), 0);
+    }
+
+    #[test]
+    fn retained_ticket_keeps_capacity_until_released() {
+        let l = Ledger::new(1, None);
+        let r = l.reserve(PAGE).unwrap().retain();
+        assert_eq!(std::mem::size_of::<RetainedTicket>(), 4);
+        assert!(l.reserve(1).is_err());
+        l.release_retained(r);
+        assert_eq!(l.used(), 0);
+        assert_eq!(l.bytes_used(), 0);
+    }
+}

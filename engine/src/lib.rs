@@ -1,0 +1,62 @@
+//! spillring: an embeddable Linux io_uring spill engine for task executors.
+//!
+//! A task that runs out of memory hands the engine byte records; the engine writes them into
+//! rotating segment files without blocking the task, hands the spilled state from stage to
+//! stage, reads it back zero-copy, and deletes every file exactly once on every path: success,
+//! error, cancel, abort in the middle of a rotation, failed deletes, and a killed process.
+//!
+//! ```no_run
+//! use spillring::{Engine, EngineConfig, WriteMode};
+//! # fn main() -> spillring::Result<()> {
+//! let engine = Engine::open(EngineConfig::new("/var/tmp/spill").mode(WriteMode::Buffered))?;
+//! let task = engine.task("task-42")?;
+//! let mut w = task.writer()?;
+//! w.write(bytes::Bytes::from_static(b"a record"))?;
+//! let state = w.finish()?;
+//! let mut r = state.reader()?;
+//! while let Some(rec) = r.next_record()? {
+//!     assert_eq!(&rec[..], b"a record");
+//! }
+//! drop((r, state)); // the last grant: the files are deleted (on an engine thread)
+//! task.close();
+//! # Ok(()) }
+//! ```
+//!
+//! Modules, one per concept: [`Engine`] (engine.rs), [`TaskSpill`] (task.rs), [`SpillWriter`]
+//! (writer.rs), [`SpilledState`] (state.rs), [`SpillReader`] (reader.rs), the ticket ledger
+//! (ledger.rs), the cleanup worker (cleanup.rs), the crash sweep (sweep.rs), the segment
+//! format (segment.rs), and the I/O layer (io.rs with io/uring.rs and io/psync.rs).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod cleanup;
+mod config;
+mod dir;
+mod engine;
+mod error;
+pub mod fault;
+mod io;
+mod ledger;
+mod metrics;
+mod reader;
+pub mod segment;
+mod state;
+mod sweep;
+mod task;
+mod writer;
+
+pub use cleanup::CleanupReport;
+pub use config::{BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode};
+pub use engine::{Engine, ShutdownReport};
+pub use error::{Result, SpillError};
+pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
+pub use metrics::Metrics;
+pub use reader::SpillReader;
+pub use state::SpilledState;
+pub use sweep::{PROC_PREFIX, proc_dir_name};
+pub use task::TaskSpill;
+pub use writer::SpillWriter;
+pub use bytes::Bytes;

@@ -1,0 +1,178 @@
+//! Stage 3: the reader. Maps each segment lazily, one at a time, and hands out records as
+//! `Bytes` that point into the map: zero-copy, each record's CRC-32C checked first.
+//!
+//! Safety of the maps: segment files are private (0600, in a 0700 directory, opened with
+//! `O_NOFOLLOW`), and the engine never writes or truncates a segment after its writer
+//! finished. A process of the same user that truncates one while it is mapped would make
+//! reading it fault (SIGBUS); that is outside what the engine can defend against. A map may
+//! outlive the state (a `Bytes` kept after the reader is gone): the file's name is deleted on
+//! schedule, its blocks are freed when the last `Bytes` goes, and that final unmap runs on the
+//! engine's reaper thread.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use memmap2::{Advice, Mmap, MmapOptions};
+
+use crate::error::{Result, SpillError};
+use crate::io::{Reaped, Reaper};
+use crate::metrics::Counters;
+use crate::segment::{self, HEADER_LEN, SegmentFileName};
+use crate::state::{Grant, open_error};
+
+/// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
+struct MapOwner {
+    map: Option<Mmap>,
+    reaper: Reaper,
+}
+
+impl AsRef<[u8]> for MapOwner {
+    fn as_ref(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Drop for MapOwner {
+    fn drop(&mut self) {
+        if let Some(m) = self.map.take() {
+            self.reaper.reap(Reaped::Map(m));
+        }
+    }
+}
+
+struct Mapped {
+    bytes: Bytes,
+    off: usize,
+    seg: u32,
+    path: PathBuf,
+}
+
+/// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
+/// reader releases it.
+pub struct SpillReader {
+    // Field order: the map is released before the grant.
+    cur: Option<Mapped>,
+    next_seg: usize,
+    grant: Grant,
+}
+
+impl std::fmt::Debug for SpillReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillReader")
+            .field("segment", &self.next_seg)
+            .finish()
+    }
+}
+
+impl SpillReader {
+    pub(crate) fn new(grant: Grant) -> Self {
+        SpillReader {
+            cur: None,
+            next_seg: 0,
+            grant,
+        }
+    }
+
+    /// The next record, `None` after the last. `Aborted` once the task scope closed the state;
+    /// `Corrupt` (with segment and offset) for a torn, truncated or damaged segment, in which
+    /// case no byte of the bad record is returned.
+    pub fn next_record(&mut self) -> Result<Option<Bytes>> {
+        if self.grant.0.is_aborted() {
+            return Err(self.aborted());
+        }
+        loop {
+            let state = &self.grant.0;
+            if let Some(m) = self.cur.as_mut() {
+                match segment::next_frame(&m.bytes, m.off, m.bytes.len()) {
+                    Ok(Some(f)) => {
+                        m.off = f.end;
+                        let c = &state.core().counters;
+                        Counters::add(&c.bytes_read, (f.end - f.start) as u64);
+                        Counters::add(&c.records_read, 1);
+                        return Ok(Some(m.bytes.slice(f.start..f.end)));
+                    }
+                    Ok(None) => self.cur = None,
+                    Err(d) => {
+                        return Err(SpillError::Corrupt {
+                            path: m.path.clone(),
+                            segment: m.seg,
+                            offset: d.offset,
+                            detail: d.detail,
+                        });
+                    }
+                }
+            }
+            if self.next_seg >= self.grant.0.infos.len() {
+                return Ok(None);
+            }
+            self.cur = Some(self.open(self.next_seg)?);
+            self.next_seg += 1;
+        }
+    }
+
+    fn aborted(&mut self) -> SpillError {
+        self.cur = None;
+        Counters::add(&self.grant.0.core().counters.aborts_observed, 1);
+        SpillError::Aborted
+    }
+
+    /// Maps segment `i` (its written length only) and checks its header.
+    fn open(&mut self, i: usize) -> Result<Mapped> {
+        let state = &self.grant.0;
+        let info = &state.infos[i];
+        let name = SegmentFileName::new(info.seg);
+        let path = info.dir.path.join(name.as_str());
+        if state.is_aborted() {
+            return Err(self.aborted());
+        }
+        let fd = match crate::dir::open_read_at(info.dir.raw(), name.as_cstr()) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let err = open_error(state, path, e);
+                if err.is_aborted() {
+                    return Err(self.aborted());
+                }
+                return Err(err);
+            }
+        };
+        let corrupt = |offset, detail| SpillError::Corrupt {
+            path: path.clone(),
+            segment: info.seg,
+            offset,
+            detail,
+        };
+        let file = std::fs::File::from(fd);
+        let size = file
+            .metadata()
+            .map_err(|e| SpillError::io("stat", path.clone(), e))?
+            .len();
+        if size < info.len {
+            return Err(corrupt(size, "segment file shorter than its written length (truncated)"));
+        }
+        let len = usize::try_from(info.len)
+            .map_err(|_| corrupt(0, "segment larger than the address space"))?;
+        // SAFETY: see the module docs: the file is private, opened without following links,
+        // and never written or truncated by the engine after its writer finished; the map
+        // covers only bytes that exist (`len <= size`).
+        let map = unsafe { MmapOptions::new().len(len).map(file.as_raw_fd()) }
+            .map_err(|e| SpillError::io("mmap", path.clone(), e))?;
+        let _ = map.advise(Advice::Sequential);
+        drop(file);
+        let hdr = segment::parse_header(&map).map_err(|d| corrupt(0, d))?;
+        let core = state.core();
+        if hdr.segment != info.seg || hdr.engine != core.id {
+            return Err(corrupt(0, "header names another segment or engine"));
+        }
+        let bytes = Bytes::from_owner(MapOwner {
+            map: Some(map),
+            reaper: core.reaper.clone(),
+        });
+        Ok(Mapped {
+            bytes,
+            off: HEADER_LEN,
+            seg: info.seg,
+            path,
+        })
+    }
+}

@@ -1,0 +1,292 @@
+//! Stage 2: the finished segments of a spill, shared by refcounted grants.
+//!
+//! A [`SpilledState`] is itself a grant, and so is every [`SpillReader`] made from it; clones
+//! are grants too. The files are deleted when the last grant is released, or when the task
+//! scope closes (then every reader sees `Aborted`). Either way the deletes are queued to an I/O
+//! thread, never run on the caller's. `close` is idempotent.
+
+use std::ffi::CString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
+use crate::dir::{self, DirNext, TaskDir};
+use crate::engine::Core;
+use crate::error::{Result, SpillError};
+use crate::metrics::Counters;
+use crate::reader::SpillReader;
+use crate::segment::SegmentFileName;
+use crate::task::{Member, TaskShared};
+
+/// Where one segment is and how long its written data is.
+#[derive(Debug, Clone)]
+pub(crate) struct SegInfo {
+    pub dir: Arc<TaskDir>,
+    pub seg: u32,
+    pub len: u64,
+}
+
+#[derive(Debug)]
+struct Owned {
+    entries: Vec<SegmentEntry>,
+    grants: usize,
+    /// Files released: deleted, queued for deletion, or published.
+    done: bool,
+}
+
+pub(crate) struct StateInner {
+    pub(crate) task: Arc<TaskShared>,
+    lane: usize,
+    pub(crate) infos: Vec<SegInfo>,
+    owned: Mutex<Owned>,
+    /// Set when the scope closed the state: readers report `Aborted`.
+    aborted: AtomicBool,
+    scope_id: AtomicU64,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for StateInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpilledState")
+            .field("segments", &self.infos.len())
+            .field("bytes", &self.bytes)
+            .field("aborted", &self.is_aborted())
+            .finish()
+    }
+}
+
+impl StateInner {
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        self.task.core()
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Takes a grant unless the files are already gone.
+    fn acquire(&self) -> Result<()> {
+        let mut o = self.owned.lock();
+        if o.done || self.is_aborted() {
+            return Err(SpillError::Aborted);
+        }
+        o.grants += 1;
+        Ok(())
+    }
+
+    /// Releases a grant; the last one deletes the files.
+    pub(crate) fn release(&self) {
+        let entries = {
+            let mut o = self.owned.lock();
+            o.grants -= 1;
+            if o.grants > 0 || o.done {
+                return;
+            }
+            o.done = true;
+            std::mem::take(&mut o.entries)
+        };
+        self.task.unregister(self.scope_id.load(Ordering::Acquire));
+        delete_segments(self.core(), self.lane, entries);
+    }
+}
+
+impl Member for StateInner {
+    fn close_by_scope(&self) {
+        let entries = {
+            let mut o = self.owned.lock();
+            self.aborted.store(true, Ordering::Release);
+            if o.done {
+                return;
+            }
+            o.done = true;
+            std::mem::take(&mut o.entries)
+        };
+        delete_segments(self.core(), self.lane, entries);
+    }
+}
+
+/// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
+/// on the files (see the module docs). `Clone` takes another grant.
+#[derive(Debug)]
+pub struct SpilledState {
+    inner: Arc<StateInner>,
+}
+
+impl SpilledState {
+    /// Builds the state holding `entries` with one grant, and registers it through `register`
+    /// (the writer's atomic hand-off). If the scope is closed, `register` has already closed
+    /// the state, and this returns the error.
+    pub(crate) fn register(
+        task: Arc<TaskShared>,
+        lane: usize,
+        entries: Vec<SegmentEntry>,
+        infos: Vec<SegInfo>,
+        register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
+    ) -> Result<Self> {
+        let bytes = infos.iter().map(|i| i.len).sum();
+        let inner = Arc::new(StateInner {
+            task,
+            lane,
+            infos,
+            owned: Mutex::new(Owned {
+                entries,
+                grants: 1,
+                done: false,
+            }),
+            aborted: AtomicBool::new(false),
+            scope_id: AtomicU64::new(0),
+            bytes,
+        });
+        // Until the id is stored, a release would unregister id 0, which is never used; the
+        // caller holds the only grant here, so no release can run before the store below.
+        let id = register(inner.clone())?;
+        inner.scope_id.store(id, Ordering::Release);
+        Ok(SpilledState { inner })
+    }
+
+    /// A reader over the records, in write order. Takes a grant; fails with `Aborted` if the
+    /// scope already closed the state.
+    pub fn reader(&self) -> Result<SpillReader> {
+        self.inner.acquire()?;
+        Ok(SpillReader::new(Grant(self.inner.clone())))
+    }
+
+    /// Turns this grant into a reader.
+    pub fn into_reader(self) -> Result<SpillReader> {
+        if self.inner.is_aborted() {
+            return Err(SpillError::Aborted);
+        }
+        let inner = self.inner.clone();
+        std::mem::forget(self);
+        Ok(SpillReader::new(Grant(inner)))
+    }
+
+    /// Number of segment files.
+    pub fn segments(&self) -> usize {
+        self.inner.infos.len()
+    }
+
+    /// Bytes in the segment files (headers and framing included, padding excluded).
+    pub fn bytes(&self) -> u64 {
+        self.inner.bytes
+    }
+
+    /// True once the scope closed the state (its files are deleted).
+    pub fn is_aborted(&self) -> bool {
+        self.inner.is_aborted()
+    }
+
+    /// Paths of the segment files, in order.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.inner
+            .infos
+            .iter()
+            .map(|i| i.dir.path.join(SegmentFileName::new(i.seg).as_str()))
+            .collect()
+    }
+
+    /// Moves the segment files into `dest` (a directory the caller owns, on the same
+    /// filesystem as the spill root), named `<prefix>-NNNNNN.bin`, and returns their new
+    /// paths. The engine forgets them: their tickets are released and nothing of the engine
+    /// will delete them. Needs the only grant (no reader alive); fails with `Aborted` after a
+    /// cancel. If a rename fails, the files already moved stay with the caller (their paths
+    /// are in the error's log line) and the rest are deleted.
+    pub fn publish(self, dest: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+        let inner = self.inner.clone();
+        // Open the destination first: a bad destination must not lose the files.
+        let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
+        if prefix.contains('/') || prefix.contains('\0') {
+            return Err(SpillError::InvalidConfig(format!(
+                "publish prefix {prefix:?} must be a plain file name prefix"
+            )));
+        }
+        let entries = {
+            let mut o = inner.owned.lock();
+            if o.done || inner.is_aborted() {
+                return Err(SpillError::Aborted);
+            }
+            if o.grants > 1 {
+                return Err(SpillError::InvalidConfig(
+                    "publish needs the only grant: drop readers and clones first".into(),
+                ));
+            }
+            o.done = true;
+            std::mem::take(&mut o.entries)
+        };
+        // The grant this value held is consumed with the files.
+        std::mem::forget(self);
+        inner.task.unregister(inner.scope_id.load(Ordering::Acquire));
+        let core = inner.core().clone();
+        let mut out = Vec::with_capacity(entries.len());
+        let mut rest = entries.into_iter();
+        for (i, e) in rest.by_ref().enumerate() {
+            let from = SegmentFileName::new(e.seg);
+            let to_name = format!("{prefix}-{i:06}.bin");
+            let res = CString::new(to_name.clone())
+                .map_err(|_| SpillError::InvalidConfig("publish prefix contains a NUL".into()))
+                .and_then(|to| {
+                    dir::rename_at(e.dir.raw(), from.as_cstr(), dir::raw(&dest_fd), &to)
+                        .map_err(|err| SpillError::io("publish", dest.join(&to_name), err))
+                });
+            match res {
+                Ok(()) => {
+                    Counters::add(&core.counters.files_published, 1);
+                    out.push(dest.join(to_name));
+                    let SegmentEntry { dir, ticket, .. } = e;
+                    drop(ticket);
+                    if dir.file_gone() == DirNext::Remove {
+                        remove_dir(&core, &dir);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(published = ?out, error = %err, "publish failed part way");
+                    let mut left = vec![e];
+                    left.extend(rest);
+                    delete_segments(&core, inner.lane, left);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Clone for SpilledState {
+    /// Another grant on the same files. A clone of a state the scope closed is closed too.
+    fn clone(&self) -> Self {
+        self.inner.owned.lock().grants += 1;
+        SpilledState {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl Drop for SpilledState {
+    fn drop(&mut self) {
+        self.inner.release();
+    }
+}
+
+/// One grant on a state's files, released on drop.
+#[derive(Debug)]
+pub(crate) struct Grant(pub(crate) Arc<StateInner>);
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// Turns an `openat` failure of a state's segment into the error a reader reports: a file
+/// missing because the scope aborted is `Aborted`, never a bare NotFound.
+pub(crate) fn open_error(state: &StateInner, path: PathBuf, e: io::Error) -> SpillError {
+    if state.is_aborted() {
+        SpillError::Aborted
+    } else {
+        SpillError::io("open", path, e)
+    }
+}

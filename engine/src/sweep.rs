@@ -1,0 +1,176 @@
+//! Crash recovery (DESIGN invariant 8): each engine holds an advisory lock (`flock`) on its own
+//! process directory under every root for its whole life. At open, sibling directories whose
+//! lock can be taken belong to dead processes: they are renamed into the new engine's own
+//! (locked) directory at once, and the cleanup worker deletes them in the background, so a
+//! large sweep never stalls start-up and a live engine's files are never touched. Liveness is
+//! never decided by a PID (PIDs repeat across containers).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::dir::{self, ProcDir};
+use crate::engine::Core;
+use crate::error::{Result, SpillError};
+use crate::io::{FileHandle, Reaper};
+use crate::metrics::Counters;
+
+/// Prefix of every engine's process directory.
+pub const PROC_PREFIX: &str = "spillring-";
+
+/// The name of engine `id`'s process directory.
+pub fn proc_dir_name(id: u64) -> String {
+    format!("{PROC_PREFIX}{id:016x}")
+}
+
+static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Creates and locks this engine's process directory under `root`, then claims the
+/// directories of dead engines there. Returns the directory and the claimed paths (to be
+/// deleted in the background).
+pub(crate) fn claim(
+    root: &Path,
+    index: usize,
+    id: &mut u64,
+    reaper: &Reaper,
+) -> Result<(Arc<ProcDir>, Vec<PathBuf>)> {
+    let root_err = |op, e| SpillError::io(op, root, e);
+    std::fs::create_dir_all(root).map_err(|e| root_err("create root", e))?;
+    let root_fd = dir::open_dir(root).map_err(|e| root_err("open root", e))?;
+    // Make and lock our directory. Another engine's sweep can take the lock of a directory
+    // between our mkdir and our flock (it looks dead then); if that happened, we see that the
+    // lock is held, or that our path no longer names our directory, and start over.
+    let mut tries = 0;
+    let pd = loop {
+        tries += 1;
+        let name = proc_dir_name(*id);
+        let cname = CString::new(name.clone()).map_err(|_| root_err("name", io::ErrorKind::InvalidInput.into()))?;
+        let path = root.join(&name);
+        match dir::mkdir_at(root_fd.as_raw_fd(), &cname) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 8 => {
+                *id = crate::engine::random_id();
+                continue;
+            }
+            Err(e) => return Err(SpillError::io("create process directory", path, e)),
+        }
+        let fd = dir::open_dir_at(root_fd.as_raw_fd(), &cname)
+            .map_err(|e| SpillError::io("open process directory", path.clone(), e))?;
+        let locked = dir::try_lock(fd.as_raw_fd())
+            .map_err(|e| SpillError::io("lock process directory", path.clone(), e))?;
+        let ours = locked && same_inode(&fd, &path);
+        if ours {
+            break ProcDir {
+                path,
+                fd: FileHandle::new(fd, reaper.clone()),
+                root: index,
+            };
+        }
+        if tries >= 8 {
+            return Err(SpillError::io(
+                "lock process directory",
+                path,
+                io::Error::other("lost the directory to a concurrent sweep 8 times"),
+            ));
+        }
+        *id = crate::engine::random_id();
+    };
+    let pd = Arc::new(pd);
+    let mut claimed = Vec::new();
+    let names = dir::list_dir(root).map_err(|e| root_err("list root", e))?;
+    for name in names {
+        let Some(s) = name.to_str() else { continue };
+        if !s.starts_with(PROC_PREFIX) || root.join(s) == pd.path {
+            continue;
+        }
+        match claim_one(&root_fd, s, &pd) {
+            Ok(Some(p)) => claimed.push(p),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(dir = %root.join(s).display(), error = %e,
+                "could not examine a spillring directory at open; leaving it"),
+        }
+    }
+    Ok((pd, claimed))
+}
+
+fn same_inode(fd: &std::os::fd::OwnedFd, path: &Path) -> bool {
+    let Ok(a) = std::fs::metadata(path) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat fills the stat buffer it is given; it is read only on success.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
+    if r != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded, so the buffer is initialised.
+    let st = unsafe { st.assume_init() };
+    a.dev() == st.st_dev && a.ino() == st.st_ino
+}
+
+/// Takes `name`'s lock if its owner is dead, and moves it into our directory. `None` for a
+/// live engine's directory (or a name that is not a directory).
+fn claim_one(root_fd: &std::os::fd::OwnedFd, name: &str, ours: &ProcDir) -> io::Result<Option<PathBuf>> {
+    let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let fd = match dir::open_dir_at(root_fd.as_raw_fd(), &cname) {
+        Ok(fd) => fd,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::ENOENT)) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    if !dir::try_lock(fd.as_raw_fd())? {
+        return Ok(None); // alive
+    }
+    let to = format!("orphan-{}-{}", ORPHAN_SEQ.fetch_add(1, Ordering::Relaxed), name);
+    let cto = CString::new(to.clone()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // Still holding the dead engine's lock, so no other sweeper moves it at the same time.
+    dir::rename_at(root_fd.as_raw_fd(), &cname, ours.fd.raw(), &cto)?;
+    drop(fd);
+    Ok(Some(ours.path.join(to)))
+}
+
+/// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
+/// it cannot remove is retried later, and if the engine stops first, the next open sweeps it
+/// again (it sits inside this engine's process directory).
+pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
+    let mut files = 0u64;
+    let mut dirs = 0u64;
+    let r = remove_tree(path, &mut files, &mut dirs);
+    Counters::add(&core.counters.orphan_files_swept, files);
+    match r {
+        Ok(()) => {
+            Counters::add(&core.counters.orphan_dirs_swept, 1);
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            Counters::add(&core.counters.delete_failures, 1);
+            tracing::warn!(dir = %path.display(), error = %e, "sweep of an orphan directory failed; will retry");
+            core.cleanup
+                .sweep_later(path.to_path_buf(), core.cfg.cleanup_retry_delay);
+        }
+    }
+}
+
+fn remove_tree(path: &Path, files: &mut u64, dirs: &mut u64) -> io::Result<()> {
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let p = entry.path();
+        if entry.file_type()?.is_dir() {
+            remove_tree(&p, files, dirs)?;
+        } else {
+            match std::fs::remove_file(&p) {
+                Ok(()) => *files += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    std::fs::remove_dir(path)?;
+    *dirs += 1;
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! A task's scope: its spill directories (one per root, made on first use) and its cleanup
+//! registry. Closing the scope (`close`, `cancel`, or dropping the last handle) closes
+//! everything registered, newest first, then removes the directories once their files are
+//! gone. Registering on a closed scope closes the resource on the spot and fails.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::cleanup::remove_dir;
+use crate::dir::{self, DirNext, TaskDir};
+use crate::engine::{Core, EngineInner};
+use crate::error::{Result, SpillError};
+use crate::io::{FileHandle, NameBuf};
+use crate::writer::SpillWriter;
+
+/// Something a scope closes when it closes.
+pub(crate) trait Member: Send + Sync {
+    /// Closes the resource: sets its abort flag and queues the deletion of its files. Never
+    /// waits for I/O.
+    fn close_by_scope(&self);
+}
+
+#[derive(Default)]
+struct Registry {
+    closed: bool,
+    next: u64,
+    members: BTreeMap<u64, Arc<dyn Member>>,
+}
+
+/// Shared state of a task scope. Writers and states hold it to unregister; only
+/// [`TaskSpill`] handles keep the scope open.
+pub(crate) struct TaskShared {
+    pub(crate) id: String,
+    pub(crate) engine: Arc<EngineInner>,
+    registry: Mutex<Registry>,
+    dirs: Mutex<Vec<Option<Arc<TaskDir>>>>,
+    cancelled: AtomicBool,
+    seq: u64,
+}
+
+impl std::fmt::Debug for TaskShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskShared")
+            .field("id", &self.id)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl TaskShared {
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.engine.core
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.registry.lock().closed
+    }
+
+    /// Registers `m`. On a closed scope, closes `m` at once and fails with `Aborted`.
+    pub(crate) fn register(&self, m: Arc<dyn Member>) -> Result<u64> {
+        let mut r = self.registry.lock();
+        if r.closed {
+            drop(r);
+            m.close_by_scope();
+            return Err(SpillError::Aborted);
+        }
+        r.next += 1;
+        let id = r.next;
+        r.members.insert(id, m);
+        Ok(id)
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.registry.lock().members.remove(&id);
+    }
+
+    /// Replaces member `old` by `new` in one step (the hand-off from writer to state). On a
+    /// closed scope, closes `new` at once and fails with `Aborted`.
+    pub(crate) fn replace(&self, old: u64, new: Arc<dyn Member>) -> Result<u64> {
+        let mut r = self.registry.lock();
+        if r.closed {
+            drop(r);
+            new.close_by_scope();
+            return Err(SpillError::Aborted);
+        }
+        r.members.remove(&old);
+        r.next += 1;
+        let id = r.next;
+        r.members.insert(id, new);
+        Ok(id)
+    }
+
+    /// Closes the scope: every member, newest first, then the directories. Idempotent.
+    pub(crate) fn close(&self, cancel: bool) {
+        if cancel {
+            self.cancelled.store(true, Ordering::Relaxed);
+        }
+        let members = {
+            let mut r = self.registry.lock();
+            if r.closed {
+                return;
+            }
+            r.closed = true;
+            std::mem::take(&mut r.members)
+        };
+        for (_, m) in members.into_iter().rev() {
+            m.close_by_scope();
+        }
+        let dirs = std::mem::take(&mut *self.dirs.lock());
+        let core = self.core();
+        for d in dirs.into_iter().flatten() {
+            if d.close() == DirNext::Remove {
+                remove_dir(core, &d);
+            }
+        }
+    }
+
+    /// This task's directory under root `root`, created on first use.
+    pub(crate) fn dir(&self, root: usize) -> Result<Arc<TaskDir>> {
+        let mut dirs = self.dirs.lock();
+        // Checked under the dirs lock: close() takes the dirs after marking the registry closed,
+        // so a directory made here is either seen and closed by close(), or not made at all.
+        if self.is_closed() {
+            return Err(SpillError::Aborted);
+        }
+        if dirs.len() <= root {
+            dirs.resize(root + 1, None);
+        }
+        if let Some(d) = &dirs[root] {
+            return Ok(d.clone());
+        }
+        let core = self.core();
+        let proc_dir = core.proc_dir(root)?;
+        let name = format!("t{}-{}", self.seq, sanitize(&self.id));
+        let path = proc_dir.path.join(&name);
+        let io_err = |op, e| SpillError::io(op, path.clone(), e);
+        let cname = CString::new(name.as_bytes())
+            .map_err(|_| SpillError::InvalidConfig("task id with a NUL byte".into()))?;
+        let nbuf = NameBuf::new(name.as_bytes())
+            .ok_or_else(|| SpillError::InvalidConfig("task directory name too long".into()))?;
+        let d = core.dirs.insert(|index| {
+            dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
+            let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let _ = dir::unlink_at(proc_dir.fd.raw(), &cname, true);
+                    return Err(io_err("open directory", e));
+                }
+            };
+            Ok(TaskDir::new(
+                index,
+                path.clone(),
+                FileHandle::new(fd, core.reaper.clone()),
+                nbuf,
+                proc_dir.clone(),
+            ))
+        })?;
+        dirs[root] = Some(d.clone());
+        Ok(d)
+    }
+}
+
+/// Keeps characters that are safe in a file name; at most 48 of them.
+fn sanitize(id: &str) -> String {
+    id.chars()
+        .take(48)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Closes the scope when the last [`TaskSpill`] handle goes.
+struct CloseOnDrop(Arc<TaskShared>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close(false);
+    }
+}
+
+/// A task's spill scope. Cheap to clone: clones share the scope, which closes when `close` or
+/// `cancel` is called on any of them, or when the last one is dropped. `Send + Sync`, so an
+/// executor can cancel from another thread than the one writing.
+#[derive(Clone)]
+pub struct TaskSpill {
+    shared: Arc<TaskShared>,
+    _guard: Arc<CloseOnDrop>,
+}
+
+impl std::fmt::Debug for TaskSpill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl TaskSpill {
+    pub(crate) fn new(engine: Arc<EngineInner>, id: &str, seq: u64) -> Self {
+        let shared = Arc::new(TaskShared {
+            id: id.to_owned(),
+            engine,
+            registry: Mutex::new(Registry::default()),
+            dirs: Mutex::new(Vec::new()),
+            cancelled: AtomicBool::new(false),
+            seq,
+        });
+        TaskSpill {
+            _guard: Arc::new(CloseOnDrop(shared.clone())),
+            shared,
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<TaskShared> {
+        &self.shared
+    }
+
+    /// The task id given to [`crate::Engine::task`].
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// A new writer, registered with this scope (its abort hook). Fails with `Closed` on a
+    /// closed scope or a shut-down engine.
+    pub fn writer(&self) -> Result<SpillWriter> {
+        if self.shared.engine.is_shut_down() {
+            return Err(SpillError::Closed { what: "engine" });
+        }
+        if self.shared.is_closed() {
+            return Err(SpillError::Closed { what: "task scope" });
+        }
+        SpillWriter::new(self.shared.clone())
+    }
+
+    /// Aborts the task's spills: closes everything registered, newest first. Writers and
+    /// readers see `Aborted`; every file is deleted. Idempotent.
+    pub fn cancel(&self) {
+        self.shared.close(true);
+    }
+
+    /// Closes the scope at the task's normal end: the same as `cancel` (everything still
+    /// registered is closed and deleted). Idempotent.
+    pub fn close(&self) {
+        self.shared.close(false);
+    }
+
+    /// True once closed or cancelled.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    /// True if closed by `cancel`.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancelled.load(Ordering::Relaxed)
+    }
+}

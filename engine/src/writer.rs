@@ -1,0 +1,782 @@
+//! Stage 1: the writer. Frames records into rotating segment files, write-behind.
+//!
+//! `write` copies small records into a staging buffer and returns; a full buffer becomes one
+//! write on an I/O thread. In buffered mode, records of at least `large_record_threshold` go
+//! out without a copy (a vectored write of frame header + payload). `write` blocks only when
+//! `queue_depth` writes of this writer are in flight.
+//!
+//! The abort protocol (DESIGN invariant 2): the writer's abort hook, registered with the task
+//! scope, sets the abort flag and takes the file list under one lock, then deletes the files.
+//! After every file creation the writer takes that lock and checks the flag: if set, it deletes
+//! the file it just made and fails with `Aborted`; if not, it records the file under the same
+//! lock. Every file has exactly one deleter, and the writer never creates anything in a
+//! directory it does not hold open (so a deleted directory is never re-created).
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+
+use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
+use crate::config::{DIRECT_ALIGN, WriteMode};
+use crate::dir::{self, DirNext, TaskDir};
+use crate::engine::Core;
+use crate::error::{Result, SpillError};
+use crate::fault::{self, FaultPoint, Injected};
+use crate::io::{FileHandle, IoBuf, Op, OpKind, OpSink, WriteData};
+use crate::metrics::Counters;
+use crate::segment::{self, FRAME_LEN, HEADER_LEN, MAX_RECORD, SegmentFileName};
+use crate::state::{SegInfo, SpilledState};
+use crate::task::{Member, TaskShared};
+
+/// The files a writer created, shared with its abort hook.
+#[derive(Debug, Default)]
+struct Files {
+    entries: Vec<SegmentEntry>,
+    /// Logical length of each entry's segment (set when it is sealed).
+    lens: Vec<u64>,
+    /// The hook ran: everything in `entries` was taken and deleted by it.
+    aborted: bool,
+    /// The files went to a `SpilledState` or were deleted by the writer itself.
+    released: bool,
+}
+
+/// The writer's abort hook and file list.
+pub(crate) struct WriterShared {
+    core: Arc<Core>,
+    lane: usize,
+    files: Mutex<Files>,
+    aborted: AtomicBool,
+}
+
+impl Member for WriterShared {
+    fn close_by_scope(&self) {
+        let entries = {
+            let mut f = self.files.lock();
+            // Set the flag first, under the lock the writer checks after each creation.
+            self.aborted.store(true, Ordering::Release);
+            f.aborted = true;
+            if f.released {
+                return;
+            }
+            f.lens.clear();
+            std::mem::take(&mut f.entries)
+        };
+        delete_segments(&self.core, self.lane, entries);
+    }
+}
+
+/// In-flight write accounting: completions arrive here from an I/O thread.
+#[derive(Default)]
+struct Tracker {
+    st: Mutex<TrackState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct TrackState {
+    inflight: usize,
+    /// First failure: the segment it hit and the OS error.
+    error: Option<(u32, io::Error)>,
+    waker: Option<Waker>,
+}
+
+impl OpSink for Tracker {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        let waker = {
+            let mut s = self.st.lock();
+            s.inflight -= 1;
+            if let Err(e) = res
+                && s.error.is_none()
+            {
+                s.error = Some((token as u32, e));
+            }
+            s.waker.take()
+        };
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// The segment being written.
+struct OpenSegment {
+    entry_index: usize,
+    dir: Arc<TaskDir>,
+    seg: u32,
+    file: Arc<FileHandle>,
+    /// Bytes appended so far (header included): the next record's offset.
+    logical: u64,
+    /// File offset of the staging buffer's first byte.
+    staged_at: u64,
+}
+
+/// A record being placed (kept across `Pending` so async writes resume where they stopped).
+struct Placing {
+    rec: Bytes,
+    frame: [u8; FRAME_LEN],
+    /// Bytes of frame + payload placed.
+    done: usize,
+    /// Rotation decided and the target segment open.
+    planned: bool,
+    vectored: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Open,
+    Failed,
+    Finished,
+}
+
+/// Stage 1 of a spill: writes records into rotating segment files. See the module docs.
+///
+/// Any error deletes everything the writer created; dropping an unfinished writer does too.
+pub struct SpillWriter {
+    task: Arc<TaskShared>,
+    core: Arc<Core>,
+    shared: Arc<WriterShared>,
+    hook_id: u64,
+    tracker: Arc<Tracker>,
+    lane: usize,
+    seg: Option<OpenSegment>,
+    staging: Option<IoBuf>,
+    placing: Option<Placing>,
+    life: Life,
+    segment_size: u64,
+    direct: bool,
+    large: usize,
+    queue_depth: usize,
+}
+
+impl std::fmt::Debug for SpillWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillWriter")
+            .field("task", &self.task.id)
+            .field("life", &self.life)
+            .finish()
+    }
+}
+
+/// How a step waits for a free in-flight slot.
+enum Wait<'a, 'b> {
+    Block,
+    Async(&'a mut Context<'b>),
+}
+
+/// `?` for `Poll<Result<T>>`: returns `Pending` and errors, yields the value.
+macro_rules! ready_ok {
+    ($e:expr) => {
+        match $e {
+            Poll::Ready(Ok(v)) => v,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    };
+}
+
+/// The result of a poll made with [`Wait::Block`], which never returns `Pending`.
+fn blocking<T>(p: Poll<Result<T>>) -> Result<T> {
+    match p {
+        Poll::Ready(r) => r,
+        Poll::Pending => Err(SpillError::WriterFailed),
+    }
+}
+
+impl SpillWriter {
+    pub(crate) fn new(task: Arc<TaskShared>) -> Result<Self> {
+        let core = task.core().clone();
+        let lane = core.io.pick_lane();
+        let shared = Arc::new(WriterShared {
+            core: core.clone(),
+            lane,
+            files: Mutex::new(Files::default()),
+            aborted: AtomicBool::new(false),
+        });
+        let hook_id = task
+            .register(shared.clone())
+            .map_err(|_| SpillError::Closed { what: "task scope" })?;
+        let cfg = &core.cfg;
+        Ok(SpillWriter {
+            segment_size: cfg.segment_size,
+            direct: cfg.mode == WriteMode::Direct,
+            large: cfg.large_record_threshold,
+            queue_depth: cfg.queue_depth,
+            task,
+            shared,
+            hook_id,
+            tracker: Arc::new(Tracker::default()),
+            lane,
+            seg: None,
+            staging: None,
+            placing: None,
+            life: Life::Open,
+            core,
+        })
+    }
+
+    /// Queues one record. Returns once it is copied to a staging buffer or handed to an I/O
+    /// thread; blocks only while `queue_depth` writes of this writer are in flight. A failure
+    /// of an earlier write may be reported here.
+    ///
+    /// `LedgerFull`, `QuotaExceeded` and `RecordTooLarge` leave the writer usable: the record
+    /// was not written, everything before it is intact, and the call can be retried. Any other
+    /// error deletes everything the writer created.
+    pub fn write(&mut self, record: Bytes) -> Result<()> {
+        self.begin(record)?;
+        let r = self.step(&mut Wait::Block);
+        self.settle(blocking(r))
+    }
+
+    /// Copies `record` and queues it, like [`SpillWriter::write`], for callers holding a slice.
+    /// Small records are copied once, straight into a staging buffer.
+    pub fn write_slice(&mut self, record: &[u8]) -> Result<()> {
+        if !self.direct && record.len() >= self.large {
+            return self.write(Bytes::copy_from_slice(record));
+        }
+        self.check_open()?;
+        check_len(record.len())?;
+        let frame = segment::frame_header(record);
+        let r = self.place_slice(&frame, record);
+        self.settle(r)
+    }
+
+    /// The async form of [`SpillWriter::write`]: waits for in-flight budget without blocking
+    /// the thread, on any runtime. If the future is dropped before it completes, the writer
+    /// fails (and deletes its files) on its next use, since a record may be half placed.
+    pub async fn write_async(&mut self, record: Bytes) -> Result<()> {
+        self.begin(record)?;
+        let r = poll_fn(|cx| self.step(&mut Wait::Async(cx))).await;
+        self.settle(r)
+    }
+
+    /// Waits for every write in flight, seals the last segment, and hands the files to a
+    /// [`SpilledState`], registered with the task scope in place of this writer. On a scope
+    /// closed meanwhile, the files are deleted and the result is `Aborted`.
+    pub fn finish(mut self) -> Result<SpilledState> {
+        self.check_open()?;
+        let r = blocking(self.poll_seal(&mut Wait::Block)).and_then(|()| self.wait_drained());
+        self.settle(r)?;
+        self.hand_off()
+    }
+
+    /// The async form of [`SpillWriter::finish`].
+    pub async fn finish_async(mut self) -> Result<SpilledState> {
+        self.check_open()?;
+        let r = poll_fn(|cx| {
+            let mut w = Wait::Async(cx);
+            ready_ok!(self.poll_seal(&mut w));
+            self.poll_drained(&mut w)
+        })
+        .await;
+        self.settle(r)?;
+        self.hand_off()
+    }
+
+    /// Segment files this writer has created so far.
+    pub fn segments(&self) -> usize {
+        self.shared.files.lock().entries.len()
+    }
+
+    fn check_open(&mut self) -> Result<()> {
+        if self.life != Life::Open {
+            return Err(SpillError::WriterFailed);
+        }
+        if self.shared.aborted.load(Ordering::Acquire) {
+            return Err(self.observe_abort());
+        }
+        if self.placing.is_some() {
+            // A write_async future was dropped half way: the stream may hold a torn record.
+            return Err(self.fail(SpillError::WriterFailed));
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, rec: Bytes) -> Result<()> {
+        self.check_open()?;
+        check_len(rec.len())?;
+        let frame = segment::frame_header(&rec);
+        self.placing = Some(Placing {
+            vectored: !self.direct && rec.len() >= self.large,
+            rec,
+            frame,
+            done: 0,
+            planned: false,
+        });
+        Ok(())
+    }
+
+    /// Routes an error: admission refusals leave the writer open; an abort is observed; any
+    /// other error fails the writer and deletes its files. The first error is what the caller
+    /// gets.
+    fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(
+                e @ (SpillError::LedgerFull { .. }
+                | SpillError::QuotaExceeded { .. }
+                | SpillError::RecordTooLarge { .. }),
+            ) => {
+                self.placing = None;
+                Err(e)
+            }
+            Err(SpillError::Aborted) => Err(self.observe_abort()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Places the current record; `Pending` only for async waits, with progress kept.
+    fn step(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let Some(mut p) = self.placing.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        let r = self.place(&mut p, wait);
+        if r.is_pending() {
+            self.placing = Some(p);
+        }
+        r
+    }
+
+    fn place(&mut self, p: &mut Placing, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let need = segment::framed_len(p.rec.len());
+        if !p.planned {
+            ready_ok!(self.plan(need, wait));
+            p.planned = true;
+        }
+        if p.vectored {
+            ready_ok!(self.flush_staging(wait, false));
+            ready_ok!(self.poll_slot(wait));
+            let Some(seg) = self.seg.as_mut() else {
+                return Poll::Ready(Err(SpillError::WriterFailed));
+            };
+            let offset = seg.logical;
+            seg.logical += need;
+            seg.staged_at = seg.logical;
+            let op = Op {
+                kind: OpKind::Write {
+                    file: seg.file.clone(),
+                    offset,
+                    data: WriteData::Framed {
+                        frame: p.frame,
+                        payload: p.rec.clone(),
+                    },
+                },
+                sink: self.tracker.clone(),
+                token: seg.entry_index as u64,
+            };
+            self.submit(op);
+        } else {
+            let total = FRAME_LEN + p.rec.len();
+            while p.done < total {
+                let rec = p.rec.clone();
+                ready_ok!(self.copy_some(&p.frame, &rec, &mut p.done, wait));
+            }
+            if let Some(s) = self.seg.as_mut() {
+                s.logical += need;
+            }
+        }
+        self.count_record(p.rec.len());
+        Poll::Ready(Ok(()))
+    }
+
+    fn place_slice(&mut self, frame: &[u8; FRAME_LEN], rec: &[u8]) -> Result<()> {
+        let need = segment::framed_len(rec.len());
+        let w = &mut Wait::Block;
+        blocking(self.plan(need, w))?;
+        let mut done = 0;
+        while done < FRAME_LEN + rec.len() {
+            blocking(self.copy_some(frame, rec, &mut done, w))?;
+        }
+        if let Some(s) = self.seg.as_mut() {
+            s.logical += need;
+        }
+        self.count_record(rec.len());
+        Ok(())
+    }
+
+    fn count_record(&self, len: usize) {
+        let c = &self.core.counters;
+        Counters::add(&c.bytes_written, len as u64);
+        Counters::add(&c.records_written, 1);
+    }
+
+    /// Makes sure a segment with room for `need` more bytes is open: seals the current one if
+    /// the record would pass the segment size (unless it is the segment's first record).
+    fn plan(&mut self, need: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        if let Some(seg) = &self.seg
+            && seg.logical + need > self.segment_size
+            && seg.logical > HEADER_LEN as u64
+        {
+            ready_ok!(self.poll_seal(wait));
+        }
+        if self.seg.is_none() {
+            return Poll::Ready(self.open_segment(need));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Copies as much of frame + payload (from `*done`) as fits in the staging buffer, flushing
+    /// it first when it is full.
+    fn copy_some(
+        &mut self,
+        frame: &[u8; FRAME_LEN],
+        payload: &[u8],
+        done: &mut usize,
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
+        if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
+            ready_ok!(self.flush_staging(wait, false));
+        }
+        if self.staging.is_none() {
+            match self.core.pool.get() {
+                Ok(b) => self.staging = Some(b),
+                Err(e) => return Poll::Ready(Err(SpillError::io("allocate buffer", "", e))),
+            }
+        }
+        let Some(buf) = self.staging.as_mut() else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        if *done < FRAME_LEN {
+            let n = (FRAME_LEN - *done).min(buf.remaining());
+            buf.push(&frame[*done..*done + n]);
+            *done += n;
+        }
+        if *done >= FRAME_LEN {
+            let at = *done - FRAME_LEN;
+            let n = (payload.len() - at).min(buf.remaining());
+            buf.push(&payload[at..at + n]);
+            *done += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits until this writer may have one more write in flight. Reports an earlier write's
+    /// failure.
+    fn poll_slot(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let mut s = self.tracker.st.lock();
+        loop {
+            if let Some((idx, e)) = s.error.take() {
+                drop(s);
+                return Poll::Ready(Err(self.write_error(idx, e)));
+            }
+            if s.inflight < self.queue_depth {
+                return Poll::Ready(Ok(()));
+            }
+            match wait {
+                Wait::Block => self.tracker.cv.wait(&mut s),
+                Wait::Async(cx) => {
+                    s.waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    /// Waits until nothing of this writer is in flight.
+    fn poll_drained(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let mut s = self.tracker.st.lock();
+        loop {
+            if let Some((idx, e)) = s.error.take() {
+                drop(s);
+                return Poll::Ready(Err(self.write_error(idx, e)));
+            }
+            if s.inflight == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            match wait {
+                Wait::Block => self.tracker.cv.wait(&mut s),
+                Wait::Async(cx) => {
+                    s.waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn wait_drained(&mut self) -> Result<()> {
+        blocking(self.poll_drained(&mut Wait::Block))
+    }
+
+    fn write_error(&self, entry_index: u32, e: io::Error) -> SpillError {
+        Counters::add(&self.core.counters.write_failures, 1);
+        let f = self.shared.files.lock();
+        let path = f
+            .entries
+            .get(entry_index as usize)
+            .map(SegmentEntry::path)
+            .unwrap_or_default();
+        if let Some(entry) = f.entries.get(entry_index as usize) {
+            self.core.root_failed(entry.dir.parent.root, &e);
+        }
+        SpillError::io("write", path, e)
+    }
+
+    fn submit(&mut self, op: Op) {
+        self.tracker.st.lock().inflight += 1;
+        self.core.io.submit(self.lane, op);
+    }
+
+    /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
+    /// zero-fills it to the alignment.
+    fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
+        if self.staging.as_ref().is_none_or(|b| b.len == 0) {
+            return Poll::Ready(Ok(()));
+        }
+        ready_ok!(self.poll_slot(wait));
+        let (Some(mut buf), Some(seg)) = (self.staging.take(), self.seg.as_mut()) else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let len = buf.len;
+        if pad {
+            let aligned = len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity());
+            buf.space()[len..aligned].fill(0);
+            buf.len = aligned;
+        }
+        let offset = seg.staged_at;
+        seg.staged_at += len as u64;
+        let op = Op {
+            kind: OpKind::Write {
+                file: seg.file.clone(),
+                offset,
+                data: WriteData::Staged(buf),
+            },
+            sink: self.tracker.clone(),
+            token: seg.entry_index as u64,
+        };
+        self.submit(op);
+        Poll::Ready(Ok(()))
+    }
+
+    /// Flushes and seals the open segment: records its length and trims its ticket's quota.
+    fn poll_seal(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        if self.seg.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        let direct = self.direct;
+        ready_ok!(self.flush_staging(wait, direct));
+        if let Some(seg) = self.seg.take() {
+            let mut f = self.shared.files.lock();
+            if let Some(len) = f.lens.get_mut(seg.entry_index) {
+                *len = seg.logical;
+            }
+            if let Some(e) = f.entries.get_mut(seg.entry_index) {
+                e.ticket.shrink_to(seg.logical);
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Creates the next segment: ticket first, then the file, then the abort check under the
+    /// file-list lock (DESIGN invariant 2). Tries the next healthy root when a root's create
+    /// fails with a device error.
+    fn open_segment(&mut self, need: u64) -> Result<()> {
+        let core = self.core.clone();
+        let mut reserve = (HEADER_LEN as u64 + need).max(self.segment_size);
+        if self.direct {
+            reserve = reserve.next_multiple_of(DIRECT_ALIGN as u64);
+        }
+        let attempts = core.cfg.roots.len();
+        let mut attempt = 0;
+        let (dir, seg, ticket, fd) = loop {
+            attempt += 1;
+            let root = core.pick_root();
+            let dir = self.task.dir(root)?;
+            if self.shared.aborted.load(Ordering::Acquire) {
+                return Err(SpillError::Aborted);
+            }
+            let ticket = core.ledger.reserve(reserve)?;
+            let Some(seg) = dir.next_segment() else {
+                return Err(SpillError::InvalidConfig(
+                    "segment numbers exhausted in this task directory".into(),
+                ));
+            };
+            let name = SegmentFileName::new(seg);
+            dir.file_coming();
+            let created = match fault::check(&core.fault, FaultPoint::WriterCreate) {
+                Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+                _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
+            };
+            let fd = match created {
+                Ok(fd) => fd,
+                Err(e) => {
+                    drop(ticket);
+                    if dir.file_gone() == DirNext::Remove {
+                        remove_dir(&core, &dir);
+                    }
+                    let skipped = core.root_failed(root, &e);
+                    if skipped && attempt < attempts {
+                        continue;
+                    }
+                    return Err(SpillError::io("create", dir.path.join(name.as_str()), e));
+                }
+            };
+            Counters::add(&core.counters.segments_created, 1);
+            if core.cfg.preallocate
+                && let Err(e) = dir::preallocate(dir::raw(&fd), reserve)
+            {
+                drop(fd);
+                core.root_failed(root, &e);
+                self.delete_now(&dir, seg, ticket, false);
+                return Err(SpillError::io("preallocate", dir.path.join(name.as_str()), e));
+            }
+            break (dir, seg, ticket, fd);
+        };
+        // The write-after-delete window: a scope closed right here must not leave this file.
+        let _ = fault::check(&core.fault, FaultPoint::WriterAfterCreate);
+        let entry_index = {
+            let mut f = self.shared.files.lock();
+            if f.aborted && !cfg!(feature = "broken-skip-abort-check") {
+                drop(f);
+                drop(fd);
+                self.delete_now(&dir, seg, ticket, true);
+                return Err(SpillError::Aborted);
+            }
+            f.entries.push(SegmentEntry {
+                dir: dir.clone(),
+                seg,
+                ticket,
+            });
+            f.lens.push(0);
+            f.entries.len() - 1
+        };
+        let file = FileHandle::new(fd, core.reaper.clone());
+        let mut buf = core
+            .pool
+            .get()
+            .map_err(|e| SpillError::io("allocate buffer", "", e))?;
+        buf.push(&segment::encode_header(seg, core.id));
+        self.staging = Some(buf);
+        self.seg = Some(OpenSegment {
+            entry_index,
+            dir,
+            seg,
+            file,
+            logical: HEADER_LEN as u64,
+            staged_at: 0,
+        });
+        Ok(())
+    }
+
+    /// Deletes a file this writer just created and nobody else knows of (it is empty: cheap to
+    /// unlink here). A failed unlink hands the name to the cleanup worker.
+    fn delete_now(&self, dir: &Arc<TaskDir>, seg: u32, ticket: crate::ledger::Ticket, late: bool) {
+        let name = SegmentFileName::new(seg);
+        match dir::unlink_at(dir.raw(), name.as_cstr(), false) {
+            Ok(()) => {
+                if late {
+                    Counters::add(&self.core.counters.late_files_deleted, 1);
+                }
+                Counters::add(&self.core.counters.files_deleted, 1);
+                drop(ticket);
+                if dir.file_gone() == DirNext::Remove {
+                    remove_dir(&self.core, dir);
+                }
+            }
+            Err(e) => {
+                Counters::add(&self.core.counters.delete_failures, 1);
+                tracing::warn!(path = %dir.path.join(name.as_str()).display(), error = %e,
+                    "delete of a just-created segment failed; handing it to the cleanup worker");
+                self.core.cleanup.retain_file(dir, seg, ticket.retain());
+            }
+        }
+    }
+
+    /// Hands the files to a new `SpilledState` registered in this writer's place.
+    fn hand_off(mut self) -> Result<SpilledState> {
+        let (entries, lens) = {
+            let mut f = self.shared.files.lock();
+            if f.aborted {
+                drop(f);
+                return Err(self.observe_abort());
+            }
+            f.released = true;
+            (std::mem::take(&mut f.entries), std::mem::take(&mut f.lens))
+        };
+        self.life = Life::Finished;
+        let infos: Vec<SegInfo> = entries
+            .iter()
+            .zip(&lens)
+            .map(|(e, &len)| SegInfo {
+                dir: e.dir.clone(),
+                seg: e.seg,
+                len,
+            })
+            .collect();
+        let r = SpilledState::register(self.task.clone(), self.lane, entries, infos, |m| {
+            self.task.replace(self.hook_id, m)
+        });
+        if r.is_err() {
+            Counters::add(&self.core.counters.aborts_observed, 1);
+        }
+        r
+    }
+
+    /// The scope was closed: the hook deleted the files. Drop what this writer holds.
+    fn observe_abort(&mut self) -> SpillError {
+        if self.life == Life::Open {
+            Counters::add(&self.core.counters.aborts_observed, 1);
+        }
+        self.life = Life::Failed;
+        self.release_io();
+        self.task.unregister(self.hook_id);
+        SpillError::Aborted
+    }
+
+    /// Fails the writer: deletes everything it created (queued, never on this thread), drops
+    /// its buffers and files, and returns `err` (the primary error wins over any cleanup
+    /// failure, which goes to metrics, logs and the cleanup worker).
+    fn fail(&mut self, err: SpillError) -> SpillError {
+        self.life = Life::Failed;
+        self.release_io();
+        self.delete_own_files();
+        self.task.unregister(self.hook_id);
+        err
+    }
+
+    fn delete_own_files(&self) {
+        let entries = {
+            let mut f = self.shared.files.lock();
+            if f.aborted || f.released {
+                return;
+            }
+            f.released = true;
+            f.lens.clear();
+            std::mem::take(&mut f.entries)
+        };
+        delete_segments(&self.core, self.lane, entries);
+    }
+
+    fn release_io(&mut self) {
+        self.placing = None;
+        self.staging = None;
+        self.seg = None;
+    }
+}
+
+fn check_len(len: usize) -> Result<()> {
+    if len as u64 > MAX_RECORD {
+        return Err(SpillError::RecordTooLarge {
+            len: len as u64,
+            max: MAX_RECORD,
+        });
+    }
+    Ok(())
+}
+
+impl Drop for SpillWriter {
+    fn drop(&mut self) {
+        if self.life == Life::Open {
+            // Abandoned: delete everything it created. In-flight writes own their buffers and
+            // files and finish on their own.
+            self.life = Life::Failed;
+            self.release_io();
+            self.delete_own_files();
+            self.task.unregister(self.hook_id);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use spillring::{BackendKind, Engine, EngineConfig, Metrics, WriteMode};
+
+/// Both backends, for tests of the ownership invariants.
+pub const BACKENDS: [BackendKind; 2] = [BackendKind::Uring, BackendKind::Psync];
+
+/// A small-segment config on `root` with the given backend.
+pub fn cfg(root: &Path, backend: BackendKind) -> EngineConfig {
+    EngineConfig::new(root)
+        .backend(backend)
+        .segment_size(256 << 10)
+        .io_buffer_size(64 << 10)
+        .cleanup_retry_delay(Duration::from_millis(20))
+}
+
+pub fn open(root: &Path, backend: BackendKind) -> Engine {
+    Engine::open(cfg(root, backend)).expect("open engine")
+}
+
+/// Number of open fds of this process.
+pub fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("read /proc/self/fd").count()
+}
+
+/// Every regular file under `root`, recursively.
+pub fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let t = e.file_type().expect("file type");
+            if t.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every directory under `root` (not `root` itself).
+pub fn dirs_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().expect("file type").is_dir() {
+                out.push(e.path());
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Settles the engine and asserts nothing is left: no file under the root, no ticket held,
+/// no delete pending, only the engine's own (empty) process directory.
+pub fn assert_clean(engine: &Engine, root: &Path) -> Metrics {
+    assert!(engine.settle(Duration::from_secs(10)), "engine did not settle");
+    let m = engine.metrics();
+    assert_eq!(files_under(root), Vec::<PathBuf>::new(), "files left under the root");
+    assert_eq!(m.tickets_used, 0, "tickets still held: {m:?}");
+    assert_eq!(m.cleanup_pending, 0, "cleanup records pending: {m:?}");
+    assert_eq!(m.spill_bytes_in_use, 0, "quota bytes still held: {m:?}");
+    let dirs = dirs_under(root);
+    assert!(
+        dirs.iter().all(|d| engine.process_dirs().contains(d)),
+        "task directories left: {dirs:?}"
+    );
+    m
+}
+
+/// Deterministic pseudo-random bytes for record `i` of length `len`.
+pub fn record(i: u64, len: usize) -> Vec<u8> {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Runs `f` once per backend, naming the backend on failure.
+pub fn each_backend(mut f: impl FnMut(BackendKind)) {
+    for b in BACKENDS {
+        eprintln!("--- backend {b:?}");
+        f(b);
+    }
+}
+
+pub fn both_modes() -> [WriteMode; 2] {
+    [WriteMode::Buffered, WriteMode::Direct]
+}
