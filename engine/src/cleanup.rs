@@ -327,6 +327,7 @@ fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
 
 /// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
 pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<TaskDir>) {
+    Counters::add(&core.counters.deletes_in_flight, 1);
     let sink = Arc::new(RmdirSink {
         core: core.clone(),
         dir: dir.clone(),
@@ -353,6 +354,7 @@ struct RmdirSink {
 
 impl OpSink for RmdirSink {
     fn complete(&self, _token: u64, res: io::Result<usize>) {
+        Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1
         match res {
             Ok(_) => self.core.dirs.remove(self.dir.index),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.core.dirs.remove(self.dir.index),

@@ -440,6 +440,13 @@ impl Engine {
         ok
     }
 
+    /// Deletes queued to an I/O thread and not completed, plus cleanup records pending: zero
+    /// when every file the engine was asked to delete is confirmed gone. Cheap (two loads).
+    pub fn pending_deletes(&self) -> u64 {
+        let core = &self.inner.core;
+        Counters::get(&core.counters.deletes_in_flight) + core.cleanup.pending()
+    }
+
     /// Lets the cleanup worker retry failed deletes now instead of after its delay.
     pub fn retry_cleanup_now(&self) {
         self.inner.core.cleanup.retry_now();

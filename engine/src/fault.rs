@@ -71,6 +71,8 @@ pub enum FaultAction {
     FailAfter(i32),
     /// Block at the point until the handle is released.
     Pause(Arc<PauseHandle>),
+    /// Report success without performing the operation (a no-op deleter, for benches).
+    Skip,
 }
 
 /// When an armed fault point fires.
@@ -109,6 +111,8 @@ pub(crate) enum Injected {
     Fail(i32),
     /// Do the operation, then report this errno.
     FailAfter(i32),
+    /// Report success without doing the operation.
+    Skip,
 }
 
 impl FaultPlan {
@@ -208,6 +212,7 @@ impl FaultPlan {
         match action {
             FaultAction::Fail(e) => Injected::Fail(e),
             FaultAction::FailAfter(e) => Injected::FailAfter(e),
+            FaultAction::Skip => Injected::Skip,
             FaultAction::Pause(h) => {
                 h.pause_here();
                 Injected::None
@@ -234,6 +239,22 @@ pub(crate) fn check(plan: &Option<Arc<FaultPlan>>, point: FaultPoint) -> Injecte
         None => Injected::None,
         Some(p) => p.check(point),
     }
+}
+
+/// Checks `point` against a task's plan first, then the engine's.
+#[inline]
+pub(crate) fn check2(
+    task: Option<&Arc<FaultPlan>>,
+    engine: &Option<Arc<FaultPlan>>,
+    point: FaultPoint,
+) -> Injected {
+    if let Some(p) = task {
+        let r = p.check(point);
+        if r != Injected::None {
+            return r;
+        }
+    }
+    check(engine, point)
 }
 
 /// A pause at a fault point: the paused thread blocks until [`PauseHandle::release`].

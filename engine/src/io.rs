@@ -156,6 +156,14 @@ pub(crate) fn injected(plan: &Option<Arc<FaultPlan>>, op: &Op) -> Injected {
     fault::check(plan, op.fault_point())
 }
 
+/// What a skipped op reports: the bytes a write would have moved, 0 otherwise.
+pub(crate) fn skip_len(kind: &OpKind) -> usize {
+    match kind {
+        OpKind::Write { data, .. } => data.len(),
+        OpKind::Unlink { .. } => 0,
+    }
+}
+
 pub(crate) enum Msg {
     Op(Op),
     Shutdown,

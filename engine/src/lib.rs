@@ -46,6 +46,8 @@ pub mod segment;
 mod state;
 mod sweep;
 mod task;
+#[doc(hidden)]
+pub mod testing;
 mod writer;
 
 pub use cleanup::CleanupReport;

@@ -14,6 +14,7 @@ use crate::cleanup::remove_dir;
 use crate::dir::{self, DirNext, TaskDir};
 use crate::engine::{Core, EngineInner};
 use crate::error::{Result, SpillError};
+use crate::fault::FaultPlan;
 use crate::io::{FileHandle, NameBuf};
 use crate::writer::SpillWriter;
 
@@ -40,6 +41,7 @@ pub(crate) struct TaskShared {
     dirs: Mutex<Vec<Option<Arc<TaskDir>>>>,
     cancelled: AtomicBool,
     seq: u64,
+    fault: Mutex<Option<Arc<FaultPlan>>>,
 }
 
 impl std::fmt::Debug for TaskShared {
@@ -58,6 +60,11 @@ impl TaskShared {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.registry.lock().closed
+    }
+
+    /// The task's own fault plan, consulted before the engine's at the writer's points.
+    pub(crate) fn fault_plan(&self) -> Option<Arc<FaultPlan>> {
+        self.fault.lock().clone()
     }
 
     /// Registers `m`. On a closed scope, closes `m` at once and fails with `Aborted`.
@@ -211,6 +218,7 @@ impl TaskSpill {
             dirs: Mutex::new(Vec::new()),
             cancelled: AtomicBool::new(false),
             seq,
+            fault: Mutex::new(None),
         });
         TaskSpill {
             _guard: Arc::new(CloseOnDrop(shared.clone())),
@@ -254,6 +262,13 @@ impl TaskSpill {
     /// True once closed or cancelled.
     pub fn is_closed(&self) -> bool {
         self.shared.is_closed()
+    }
+
+    /// Installs a fault plan for this task's writers only (`WriterCreate`,
+    /// `WriterAfterCreate`), consulted before the engine's plan. A testing hook: it lets a test
+    /// or a load generator pause one chosen task between a file creation and its abort check.
+    pub fn set_fault_plan(&self, plan: Arc<FaultPlan>) {
+        *self.shared.fault.lock() = Some(plan);
     }
 
     /// True if closed by `cancel`.

@@ -597,7 +597,8 @@ impl SpillWriter {
             };
             let name = SegmentFileName::new(seg);
             dir.file_coming();
-            let created = match fault::check(&core.fault, FaultPoint::WriterCreate) {
+            let task_plan = self.task.fault_plan();
+            let created = match fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterCreate) {
                 Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
                 _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
             };
@@ -627,7 +628,8 @@ impl SpillWriter {
             break (dir, seg, ticket, fd);
         };
         // The write-after-delete window: a scope closed right here must not leave this file.
-        let _ = fault::check(&core.fault, FaultPoint::WriterAfterCreate);
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterAfterCreate);
         let entry_index = {
             let mut f = self.shared.files.lock();
             if f.aborted && !cfg!(feature = "broken-skip-abort-check") {

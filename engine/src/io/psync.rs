@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
-use super::{Msg, Op, OpKind, WriteData, fail_remaining, injected, pwrite_all};
+use super::{Msg, Op, OpKind, WriteData, fail_remaining, injected, pwrite_all, skip_len};
 use crate::fault::{FaultPlan, Injected};
 
 pub(crate) fn spawn(
@@ -33,6 +33,7 @@ fn run(op: Op, fault: &Option<Arc<FaultPlan>>) {
     let res = match injected(fault, &op) {
         Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
         Injected::FailAfter(e) => execute(&op.kind).and(Err(io::Error::from_raw_os_error(e))),
+        Injected::Skip => Ok(skip_len(&op.kind)),
         Injected::None => execute(&op.kind),
     };
     op.complete(res);

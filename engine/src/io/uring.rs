@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, TryRecvError};
 use io_uring::{IoUring, opcode, register::Probe, squeue, types};
 
-use super::{IoSetup, Msg, Op, OpKind, Wake, WriteData, fail_remaining, injected};
+use super::{IoSetup, Msg, Op, OpKind, Wake, WriteData, fail_remaining, injected, skip_len};
 use crate::error::cqe_result;
 use crate::fault::{FaultPlan, Injected};
 
@@ -239,6 +239,11 @@ impl Ring {
                 return;
             }
             Injected::FailAfter(e) => Some(e),
+            Injected::Skip => {
+                let n = skip_len(&op.kind);
+                op.complete(Ok(n));
+                return;
+            }
             Injected::None => None,
         };
         let Some(idx) = self.free.pop() else {
