@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `WriterCreate` | before a segment's `openat` | the create fails, no file appears |
 //! | `WriterAfterCreate` | after the create, before the abort check | (use `pause`) |
+//! | `WriterHandOff` | `finish`, between taking the files and registering the state | (use `pause`) |
 //! | `IoWrite` | an I/O thread about to write | the write completes with `-errno` |
 //! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
@@ -28,6 +29,10 @@ pub enum FaultPoint {
     /// `writer::after_create`: after a segment file was created, before the writer checks the
     /// abort flag. Pausing here opens the write-after-delete window on purpose.
     WriterAfterCreate,
+    /// `writer::hand_off`: `finish` took the writer's files for its new state and has not yet
+    /// registered the state with the scope. Pausing here lets a test close the scope in the
+    /// hand-off window.
+    WriterHandOff,
     /// `io::write`: an I/O thread about to submit a write.
     IoWrite,
     /// `io::unlink`: an I/O thread about to unlink a file on the normal delete path.
@@ -38,9 +43,10 @@ pub enum FaultPoint {
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 5] = [
+    pub const ALL: [FaultPoint; 6] = [
         FaultPoint::WriterCreate,
         FaultPoint::WriterAfterCreate,
+        FaultPoint::WriterHandOff,
         FaultPoint::IoWrite,
         FaultPoint::IoUnlink,
         FaultPoint::CleanupUnlink,
@@ -51,6 +57,7 @@ impl FaultPoint {
         match self {
             FaultPoint::WriterCreate => "writer::create",
             FaultPoint::WriterAfterCreate => "writer::after_create",
+            FaultPoint::WriterHandOff => "writer::hand_off",
             FaultPoint::IoWrite => "io::write",
             FaultPoint::IoUnlink => "io::unlink",
             FaultPoint::CleanupUnlink => "cleanup::unlink",
@@ -98,8 +105,8 @@ struct Rule {
 pub struct FaultPlan {
     seed: u64,
     rules: Mutex<Vec<Rule>>,
-    calls: [AtomicU64; 5],
-    fired: [AtomicU64; 5],
+    calls: [AtomicU64; 6],
+    fired: [AtomicU64; 6],
 }
 
 /// What a fault point decided for one call.
@@ -257,7 +264,11 @@ pub(crate) fn check2(
     check(engine, point)
 }
 
-/// A pause at a fault point: the paused thread blocks until [`PauseHandle::release`].
+/// Longest a fault-point pause lasts if nobody releases it.
+pub const PAUSE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A pause at a fault point: the paused thread blocks until [`PauseHandle::release`] (or for
+/// at most [`PAUSE_LIMIT`]).
 #[derive(Debug, Default)]
 pub struct PauseHandle {
     state: Mutex<PauseState>,
@@ -275,12 +286,20 @@ impl PauseHandle {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Blocks until released, or for at most [`PAUSE_LIMIT`]: a pause nobody releases (a test
+    /// that failed half way) must not hang the engine's threads forever.
     fn pause_here(&self) {
         let mut s = self.lock();
         s.reached = true;
         self.cv.notify_all();
+        let deadline = std::time::Instant::now() + PAUSE_LIMIT;
         while !s.released {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                s.released = true;
+                break;
+            }
+            s = self.cv.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 

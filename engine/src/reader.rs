@@ -44,6 +44,8 @@ impl Drop for MapOwner {
 struct Mapped {
     bytes: Bytes,
     off: usize,
+    /// The segment's written length (the map is shorter if the file was truncated).
+    end: usize,
     seg: u32,
     path: PathBuf,
 }
@@ -84,7 +86,7 @@ impl SpillReader {
         loop {
             let state = &self.grant.0;
             if let Some(m) = self.cur.as_mut() {
-                match segment::next_frame(&m.bytes, m.off, m.bytes.len()) {
+                match segment::next_frame(&m.bytes, m.off, m.end) {
                     Ok(Some(f)) => {
                         m.off = f.end;
                         let c = &state.core().counters;
@@ -147,11 +149,14 @@ impl SpillReader {
             .metadata()
             .map_err(|e| SpillError::io("stat", path.clone(), e))?
             .len();
-        if size < info.len {
-            return Err(corrupt(size, "segment file shorter than its written length (truncated)"));
-        }
-        let len = usize::try_from(info.len)
+        let end = usize::try_from(info.len)
             .map_err(|_| corrupt(0, "segment larger than the address space"))?;
+        // A truncated file is mapped as far as it goes: records before the cut are returned,
+        // the one crossing it is reported at its offset.
+        let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
+        if len < HEADER_LEN {
+            return Err(corrupt(size, "segment truncated inside its header"));
+        }
         // SAFETY: see the module docs: the file is private, opened without following links,
         // and never written or truncated by the engine after its writer finished; the map
         // covers only bytes that exist (`len <= size`).
@@ -171,6 +176,7 @@ impl SpillReader {
         Ok(Mapped {
             bytes,
             off: HEADER_LEN,
+            end,
             seg: info.seg,
             path,
         })

@@ -115,8 +115,9 @@ pub(crate) struct Damage {
     pub detail: &'static str,
 }
 
-/// Parses the record at `off` in `buf`, whose valid data ends at `end` (the segment's logical
-/// length). `Ok(None)` exactly at `end`.
+/// Parses the record at `off` in `buf`, whose written data ends at `end` (the segment's
+/// logical length). `buf` may be shorter than `end` (a truncated file): a record that crosses
+/// its end is reported as damage at the record's offset. `Ok(None)` exactly at `end`.
 pub(crate) fn next_frame(buf: &[u8], off: usize, end: usize) -> Result<Option<Frame>, Damage> {
     if off == end {
         return Ok(None);
@@ -125,18 +126,24 @@ pub(crate) fn next_frame(buf: &[u8], off: usize, end: usize) -> Result<Option<Fr
         offset: off as u64,
         detail,
     };
-    if end > buf.len() {
-        // Caller guarantees this never happens; treat as truncation defensively.
-        return Err(damage("segment shorter than its written length"));
+    let avail = end.min(buf.len());
+    if off >= avail {
+        return Err(damage("segment truncated: the file ends before its written length"));
     }
     if end - off < FRAME_LEN {
         return Err(damage("truncated record frame"));
+    }
+    if avail - off < FRAME_LEN {
+        return Err(damage("segment truncated inside a record frame"));
     }
     let len = u32::from_le_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
     let stored = u32::from_le_bytes([buf[off + 4], buf[off + 5], buf[off + 6], buf[off + 7]]);
     let start = off + FRAME_LEN;
     if len > end - start {
         return Err(damage("record runs past the end of the segment"));
+    }
+    if len > avail - start {
+        return Err(damage("segment truncated inside a record"));
     }
     let payload = &buf[start..start + len];
     let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[off..off + 4]), payload);
@@ -258,6 +265,18 @@ mod tests {
         assert_eq!(
             next_frame(&buf, third, third + 3).unwrap_err().detail,
             "truncated record frame"
+        );
+        // The file was cut short: the record crossing the cut is damage at its offset.
+        assert_eq!(
+            next_frame(&buf[..end - 2], third, end).unwrap_err(),
+            Damage {
+                offset: third as u64,
+                detail: "segment truncated inside a record"
+            }
+        );
+        assert_eq!(
+            next_frame(&buf[..third], third, end).unwrap_err().detail,
+            "segment truncated: the file ends before its written length"
         );
         // A zero-filled tail (direct-mode padding read as data) is never a valid record.
         let zeros = [0u8; 16];

@@ -113,7 +113,7 @@ impl Member for StateInner {
 /// on the files (see the module docs). `Clone` takes another grant.
 #[derive(Debug)]
 pub struct SpilledState {
-    inner: Arc<StateInner>,
+    grant: Grant,
 }
 
 impl SpilledState {
@@ -145,44 +145,46 @@ impl SpilledState {
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
         inner.scope_id.store(id, Ordering::Release);
-        Ok(SpilledState { inner })
+        Ok(SpilledState { grant: Grant(inner) })
+    }
+
+    fn inner(&self) -> &Arc<StateInner> {
+        &self.grant.0
     }
 
     /// A reader over the records, in write order. Takes a grant; fails with `Aborted` if the
     /// scope already closed the state.
     pub fn reader(&self) -> Result<SpillReader> {
-        self.inner.acquire()?;
-        Ok(SpillReader::new(Grant(self.inner.clone())))
+        self.inner().acquire()?;
+        Ok(SpillReader::new(Grant(self.inner().clone())))
     }
 
-    /// Turns this grant into a reader.
+    /// Turns this grant into a reader (fails with `Aborted` after a cancel).
     pub fn into_reader(self) -> Result<SpillReader> {
-        if self.inner.is_aborted() {
+        if self.inner().is_aborted() {
             return Err(SpillError::Aborted);
         }
-        let inner = self.inner.clone();
-        std::mem::forget(self);
-        Ok(SpillReader::new(Grant(inner)))
+        Ok(SpillReader::new(self.grant))
     }
 
     /// Number of segment files.
     pub fn segments(&self) -> usize {
-        self.inner.infos.len()
+        self.inner().infos.len()
     }
 
     /// Bytes in the segment files (headers and framing included, padding excluded).
     pub fn bytes(&self) -> u64 {
-        self.inner.bytes
+        self.inner().bytes
     }
 
     /// True once the scope closed the state (its files are deleted).
     pub fn is_aborted(&self) -> bool {
-        self.inner.is_aborted()
+        self.inner().is_aborted()
     }
 
     /// Paths of the segment files, in order.
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.inner
+        self.inner()
             .infos
             .iter()
             .map(|i| i.dir.path.join(SegmentFileName::new(i.seg).as_str()))
@@ -196,7 +198,7 @@ impl SpilledState {
     /// cancel. If a rename fails, the files already moved stay with the caller (their paths
     /// are in the error's log line) and the rest are deleted.
     pub fn publish(self, dest: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
-        let inner = self.inner.clone();
+        let inner = self.inner().clone();
         // Open the destination first: a bad destination must not lose the files.
         let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         if prefix.contains('/') || prefix.contains('\0') {
@@ -217,8 +219,8 @@ impl SpilledState {
             o.done = true;
             std::mem::take(&mut o.entries)
         };
-        // The grant this value held is consumed with the files.
-        std::mem::forget(self);
+        // Releasing this grant now finds the files gone (`done`) and deletes nothing.
+        drop(self);
         inner.task.unregister(inner.scope_id.load(Ordering::Acquire));
         let core = inner.core().clone();
         let mut out = Vec::with_capacity(entries.len());
@@ -258,16 +260,10 @@ impl SpilledState {
 impl Clone for SpilledState {
     /// Another grant on the same files. A clone of a state the scope closed is closed too.
     fn clone(&self) -> Self {
-        self.inner.owned.lock().grants += 1;
+        self.inner().owned.lock().grants += 1;
         SpilledState {
-            inner: self.inner.clone(),
+            grant: Grant(self.inner().clone()),
         }
-    }
-}
-
-impl Drop for SpilledState {
-    fn drop(&mut self) {
-        self.inner.release();
     }
 }
 

@@ -51,6 +51,7 @@ pub(crate) struct WriterShared {
     lane: usize,
     files: Mutex<Files>,
     aborted: AtomicBool,
+    tracker: Arc<Tracker>,
 }
 
 impl Member for WriterShared {
@@ -66,6 +67,13 @@ impl Member for WriterShared {
             f.lens.clear();
             std::mem::take(&mut f.entries)
         };
+        // Wake a writer blocked on its in-flight budget: it returns `Aborted` now instead of
+        // waiting for a slow device. Its in-flight writes still own their buffers and files.
+        let waker = self.tracker.st.lock().waker.take();
+        self.tracker.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
         delete_segments(&self.core, self.lane, entries);
     }
 }
@@ -192,11 +200,13 @@ impl SpillWriter {
     pub(crate) fn new(task: Arc<TaskShared>) -> Result<Self> {
         let core = task.core().clone();
         let lane = core.io.pick_lane();
+        let tracker = Arc::new(Tracker::default());
         let shared = Arc::new(WriterShared {
             core: core.clone(),
             lane,
             files: Mutex::new(Files::default()),
             aborted: AtomicBool::new(false),
+            tracker: tracker.clone(),
         });
         let hook_id = task
             .register(shared.clone())
@@ -210,7 +220,7 @@ impl SpillWriter {
             task,
             shared,
             hook_id,
-            tracker: Arc::new(Tracker::default()),
+            tracker,
             lane,
             seg: None,
             staging: None,
@@ -460,6 +470,9 @@ impl SpillWriter {
     fn poll_slot(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let mut s = self.tracker.st.lock();
         loop {
+            if self.shared.aborted.load(Ordering::Acquire) {
+                return Poll::Ready(Err(SpillError::Aborted));
+            }
             if let Some((idx, e)) = s.error.take() {
                 drop(s);
                 return Poll::Ready(Err(self.write_error(idx, e)));
@@ -481,6 +494,9 @@ impl SpillWriter {
     fn poll_drained(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let mut s = self.tracker.st.lock();
         loop {
+            if self.shared.aborted.load(Ordering::Acquire) {
+                return Poll::Ready(Err(SpillError::Aborted));
+            }
             if let Some((idx, e)) = s.error.take() {
                 drop(s);
                 return Poll::Ready(Err(self.write_error(idx, e)));
@@ -700,6 +716,8 @@ impl SpillWriter {
             (std::mem::take(&mut f.entries), std::mem::take(&mut f.lens))
         };
         self.life = Life::Finished;
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(task_plan.as_ref(), &self.core.fault, FaultPoint::WriterHandOff);
         let infos: Vec<SegInfo> = entries
             .iter()
             .zip(&lens)

@@ -22,9 +22,30 @@ pub fn open(root: &Path, backend: BackendKind) -> Engine {
     Engine::open(cfg(root, backend)).expect("open engine")
 }
 
+/// Serialises the tests of one binary that count fds (`cargo test` runs them as threads of one
+/// process; nextest runs each in its own process, where this costs nothing).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Number of open fds of this process.
 pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("read /proc/self/fd").count()
+}
+
+/// What each open fd of this process points at (for leak reports).
+pub fn fd_targets() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .flatten()
+        .map(|e| {
+            let t = std::fs::read_link(e.path()).map(|p| p.display().to_string());
+            format!("{} -> {}", e.file_name().to_string_lossy(), t.unwrap_or_default())
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 /// Every regular file under `root`, recursively.
@@ -95,6 +116,7 @@ pub fn record(i: u64, len: usize) -> Vec<u8> {
 
 /// Runs `f` once per backend, naming the backend on failure.
 pub fn each_backend(mut f: impl FnMut(BackendKind)) {
+    let _serial = serial();
     for b in BACKENDS {
         eprintln!("--- backend {b:?}");
         f(b);
