@@ -58,7 +58,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total = (n * rec_len) as u64;
     // A few distinct payloads, so the page cache cannot dedupe and CRCs differ.
     let payloads: Vec<Bytes> = (0..8u8)
-        .map(|k| Bytes::from((0..rec_len).map(|i| (i as u8).wrapping_mul(31) ^ k).collect::<Vec<u8>>()))
+        .map(|k| {
+            Bytes::from(
+                (0..rec_len)
+                    .map(|i| (i as u8).wrapping_mul(31) ^ k)
+                    .collect::<Vec<u8>>(),
+            )
+        })
         .collect();
     println!(
         "spillring quickstart: {n} records of {} KiB = {:.2} GiB per run, root {}",

@@ -171,7 +171,9 @@ impl Cleanup {
     pub(crate) fn oldest_age(&self) -> f64 {
         let mut s = self.oldest.lock();
         let now = Instant::now();
-        if s.at.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+        if s.at
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
             return s.age;
         }
         let now_secs = self.epoch.elapsed().as_secs_f64();
@@ -269,15 +271,7 @@ pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<Segmen
 }
 
 fn seg_name(seg: u32) -> NameBuf {
-    let n = SegmentFileName::new(seg);
-    // Segment names are short ASCII without NUL, so this cannot fail.
-    NameBuf::new(n.as_str().as_bytes()).unwrap_or_else(|| unreachable_name())
-}
-
-#[cold]
-fn unreachable_name() -> NameBuf {
-    tracing::error!("segment name does not fit a NameBuf");
-    NameBuf::new(b"spill-segment-invalid.bin").unwrap_or_else(|| unreachable_name())
+    NameBuf::segment(seg)
 }
 
 /// A batch of segment deletes in flight on the normal path.
@@ -357,7 +351,9 @@ impl OpSink for RmdirSink {
         Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1
         match res {
             Ok(_) => self.core.dirs.remove(self.dir.index),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.core.dirs.remove(self.dir.index),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                self.core.dirs.remove(self.dir.index)
+            }
             Err(e) => {
                 Counters::add(&self.core.counters.delete_failures, 1);
                 tracing::warn!(path = %self.dir.path.display(), error = %e,

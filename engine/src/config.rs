@@ -236,7 +236,7 @@ impl EngineConfig {
             }
         }
         if !(MIN_SEGMENT_SIZE..=MAX_SEGMENT_SIZE).contains(&self.segment_size)
-            || self.segment_size % DIRECT_ALIGN as u64 != 0
+            || !self.segment_size.is_multiple_of(DIRECT_ALIGN as u64)
         {
             return bad(format!(
                 "segment_size: need {MIN_SEGMENT_SIZE}..={MAX_SEGMENT_SIZE} and a multiple of 4096, got {}",
@@ -258,7 +258,10 @@ impl EngineConfig {
             ));
         }
         if !(1..=64).contains(&self.ring_threads) {
-            return bad(format!("ring_threads: need 1..=64, got {}", self.ring_threads));
+            return bad(format!(
+                "ring_threads: need 1..=64, got {}",
+                self.ring_threads
+            ));
         }
         if !(8..=32_768).contains(&self.ring_entries) || !self.ring_entries.is_power_of_two() {
             return bad(format!(
@@ -267,7 +270,7 @@ impl EngineConfig {
             ));
         }
         if !(4096..=64 << 20).contains(&self.io_buffer_size)
-            || self.io_buffer_size % DIRECT_ALIGN != 0
+            || !self.io_buffer_size.is_multiple_of(DIRECT_ALIGN)
             || self.io_buffer_size as u64 > self.segment_size
         {
             return bad(format!(
@@ -276,7 +279,10 @@ impl EngineConfig {
             ));
         }
         if !(1..=1024).contains(&self.queue_depth) {
-            return bad(format!("queue_depth: need 1..=1024, got {}", self.queue_depth));
+            return bad(format!(
+                "queue_depth: need 1..=1024, got {}",
+                self.queue_depth
+            ));
         }
         if self.registered_buffers > 16_384 {
             return bad(format!(
@@ -298,10 +304,16 @@ impl EngineConfig {
             ));
         }
         if !(1..=65_536).contains(&self.cleanup_batch) {
-            return bad(format!("cleanup_batch: need 1..=65536, got {}", self.cleanup_batch));
+            return bad(format!(
+                "cleanup_batch: need 1..=65536, got {}",
+                self.cleanup_batch
+            ));
         }
         if self.root_skip > hour {
-            return bad(format!("root_skip: need at most 1 h, got {:?}", self.root_skip));
+            return bad(format!(
+                "root_skip: need at most 1 h, got {:?}",
+                self.root_skip
+            ));
         }
         if self.shutdown_budget > hour {
             return bad(format!(

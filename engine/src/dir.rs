@@ -26,7 +26,14 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
     loop {
         // SAFETY: `name` is NUL-terminated and outlives the call; the returned fd is checked.
-        let r = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+        let r = unsafe {
+            libc::openat(
+                dir,
+                name.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
         match cvt(r) {
             // SAFETY: a successful openat returns a new fd nothing else owns.
             Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
@@ -38,7 +45,12 @@ fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> i
 
 /// Opens a directory (never through a symlink).
 pub(crate) fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+    open_at(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )
 }
 
 /// Opens a directory by path.
@@ -215,14 +227,6 @@ impl TaskDir {
         }
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
-        self.live.load(Ordering::Acquire) & CLOSED != 0
-    }
-
-    pub(crate) fn live_files(&self) -> u64 {
-        self.live.load(Ordering::Acquire) & !CLOSED
-    }
-
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.raw()
     }
@@ -242,7 +246,10 @@ struct DirSlots {
 
 impl DirTable {
     /// Inserts the directory `make` builds with its new index.
-    pub(crate) fn insert<E>(&self, make: impl FnOnce(u32) -> Result<TaskDir, E>) -> Result<Arc<TaskDir>, E> {
+    pub(crate) fn insert<E>(
+        &self,
+        make: impl FnOnce(u32) -> Result<TaskDir, E>,
+    ) -> Result<Arc<TaskDir>, E> {
         let mut t = self.inner.lock();
         let idx = match t.free.pop() {
             Some(i) => i,
@@ -265,7 +272,11 @@ impl DirTable {
     }
 
     pub(crate) fn get(&self, idx: u32) -> Option<Arc<TaskDir>> {
-        self.inner.lock().slots.get(idx as usize).and_then(|s| s.clone())
+        self.inner
+            .lock()
+            .slots
+            .get(idx as usize)
+            .and_then(|s| s.clone())
     }
 
     pub(crate) fn remove(&self, idx: u32) {
@@ -281,11 +292,6 @@ impl DirTable {
     pub(crate) fn len(&self) -> usize {
         let t = self.inner.lock();
         t.slots.len() - t.free.len()
-    }
-
-    /// Every directory present now.
-    pub(crate) fn all(&self) -> Vec<Arc<TaskDir>> {
-        self.inner.lock().slots.iter().flatten().cloned().collect()
     }
 }
 

@@ -180,10 +180,15 @@ impl EngineInner {
         let start = Instant::now();
         let deadline = start + budget;
         if self.shut.swap(true, Ordering::AcqRel) {
-            return self.last_report.lock().clone().unwrap_or_else(|| self.report(start, false));
+            return self
+                .last_report
+                .lock()
+                .clone()
+                .unwrap_or_else(|| self.report(start, false));
         }
         // Abort what is still open: every task scope closes everything registered.
-        let tasks: Vec<Arc<TaskShared>> = self.tasks.lock().iter().filter_map(Weak::upgrade).collect();
+        let tasks: Vec<Arc<TaskShared>> =
+            self.tasks.lock().iter().filter_map(Weak::upgrade).collect();
         for t in tasks {
             t.close(true);
         }
@@ -235,7 +240,10 @@ impl Drop for EngineInner {
         let budget = self.core.cfg.shutdown_budget;
         let r = self.shutdown(budget);
         if !r.drained {
-            tracing::warn!(?r, "spillring engine dropped with cleanup left; the next open sweeps it");
+            tracing::warn!(
+                ?r,
+                "spillring engine dropped with cleanup left; the next open sweeps it"
+            );
         }
     }
 }
@@ -312,13 +320,16 @@ impl Engine {
         let want_uring = cfg.backend != BackendKind::Psync;
         let pool = BufferPool::new(
             cfg.io_buffer_size,
-            if want_uring { cfg.registered_buffers } else { 0 },
+            if want_uring {
+                cfg.registered_buffers
+            } else {
+                0
+            },
             64,
         );
         let setup = IoSetup {
             threads: cfg.ring_threads,
             ring_entries: cfg.ring_entries,
-            registered_buffers: cfg.registered_buffers,
             pool: pool.clone(),
             fault: cfg.fault_plan.clone(),
         };
@@ -421,7 +432,12 @@ impl Engine {
 
     /// This engine's locked process directory under each root.
     pub fn process_dirs(&self) -> Vec<PathBuf> {
-        self.inner.core.proc_dirs.iter().map(|p| p.path.clone()).collect()
+        self.inner
+            .core
+            .proc_dirs
+            .iter()
+            .map(|p| p.path.clone())
+            .collect()
     }
 
     /// Waits up to `timeout` until every queued delete completed, the cleanup worker is idle

@@ -299,7 +299,11 @@ impl PauseHandle {
                 s.released = true;
                 break;
             }
-            s = self.cv.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+            s = self
+                .cv
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 

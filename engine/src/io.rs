@@ -20,7 +20,7 @@ use memmap2::{Mmap, MmapMut};
 use parking_lot::Mutex;
 
 use crate::fault::{self, FaultPlan, FaultPoint, Injected};
-use crate::segment::{FRAME_LEN, NAME_CAP};
+use crate::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
 
 /// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
 pub(crate) trait OpSink: Send + Sync {
@@ -49,9 +49,6 @@ impl FileHandle {
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
 
-    pub(crate) fn fd(&self) -> Option<&OwnedFd> {
-        self.fd.as_ref()
-    }
 }
 
 impl Drop for FileHandle {
@@ -99,6 +96,15 @@ impl std::fmt::Debug for NameBuf {
 
 impl NameBuf {
     /// `None` when the name has a NUL or does not fit.
+    /// The name of segment `seg`.
+    pub(crate) fn segment(seg: u32) -> Self {
+        let n = SegmentFileName::new(seg);
+        let mut buf = [0u8; NAME_BUF];
+        let b = n.as_cstr().to_bytes();
+        buf[..b.len()].copy_from_slice(b);
+        NameBuf { buf }
+    }
+
     pub(crate) fn new(name: &[u8]) -> Option<Self> {
         if name.len() >= NAME_BUF || name.contains(&0) {
             return None;
@@ -200,7 +206,6 @@ impl std::fmt::Debug for IoHandle {
 pub(crate) struct IoSetup {
     pub threads: usize,
     pub ring_entries: u32,
-    pub registered_buffers: usize,
     pub pool: Arc<BufferPool>,
     pub fault: Option<Arc<FaultPlan>>,
 }
@@ -379,10 +384,6 @@ impl BufferPool {
         })
     }
 
-    pub(crate) fn buffer_size(&self) -> usize {
-        self.size
-    }
-
     pub(crate) fn max_slots(&self) -> usize {
         self.max_slots
     }
@@ -430,8 +431,8 @@ impl BufferPool {
 /// Something whose drop may be slow, dropped on the reaper thread.
 #[derive(Debug)]
 pub(crate) enum Reaped {
-    Fd(OwnedFd),
-    Map(Mmap),
+    Fd(#[expect(dead_code, reason = "held only to be closed on the reaper thread")] OwnedFd),
+    Map(#[expect(dead_code, reason = "held only to be unmapped on the reaper thread")] Mmap),
     /// Barrier: the reaper answers once everything sent before it was dropped.
     Flush(Sender<()>),
 }
@@ -443,11 +444,6 @@ pub(crate) struct Reaper {
 }
 
 impl Reaper {
-    /// A reaper that drops inline (used when no thread is wanted).
-    pub(crate) fn inline() -> Self {
-        Reaper { tx: None }
-    }
-
     /// Starts the reaper thread.
     pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
         let (tx, rx) = crossbeam_channel::unbounded::<Reaped>();
@@ -522,14 +518,7 @@ pub(crate) fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> io::Resu
     while !buf.is_empty() {
         // SAFETY: `buf` is a live slice for the duration of the call; the kernel reads at most
         // `buf.len()` bytes from it.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                buf.as_ptr().cast(),
-                buf.len(),
-                offset as libc::off_t,
-            )
-        };
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -72,12 +72,10 @@ impl Ledger {
                     capacity: self.capacity,
                 });
             }
-            match self.used.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            match self
+                .used
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => break,
                 Err(now) => cur = now,
             }

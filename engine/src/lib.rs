@@ -50,8 +50,11 @@ mod task;
 pub mod testing;
 mod writer;
 
+pub use bytes::Bytes;
 pub use cleanup::CleanupReport;
-pub use config::{BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode};
+pub use config::{
+    BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode,
+};
 pub use engine::{Engine, ShutdownReport};
 pub use error::{Result, SpillError};
 pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
@@ -61,4 +64,3 @@ pub use state::SpilledState;
 pub use sweep::{PROC_PREFIX, proc_dir_name};
 pub use task::TaskSpill;
 pub use writer::SpillWriter;
-pub use bytes::Bytes;

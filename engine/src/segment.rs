@@ -128,7 +128,9 @@ pub(crate) fn next_frame(buf: &[u8], off: usize, end: usize) -> Result<Option<Fr
     };
     let avail = end.min(buf.len());
     if off >= avail {
-        return Err(damage("segment truncated: the file ends before its written length"));
+        return Err(damage(
+            "segment truncated: the file ends before its written length",
+        ));
     }
     if end - off < FRAME_LEN {
         return Err(damage("truncated record frame"));

@@ -145,7 +145,9 @@ impl SpilledState {
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
         inner.scope_id.store(id, Ordering::Release);
-        Ok(SpilledState { grant: Grant(inner) })
+        Ok(SpilledState {
+            grant: Grant(inner),
+        })
     }
 
     fn inner(&self) -> &Arc<StateInner> {
@@ -221,7 +223,9 @@ impl SpilledState {
         };
         // Releasing this grant now finds the files gone (`done`) and deletes nothing.
         drop(self);
-        inner.task.unregister(inner.scope_id.load(Ordering::Acquire));
+        inner
+            .task
+            .unregister(inner.scope_id.load(Ordering::Acquire));
         let core = inner.core().clone();
         let mut out = Vec::with_capacity(entries.len());
         let mut rest = entries.into_iter();

@@ -48,7 +48,8 @@ pub(crate) fn claim(
     let pd = loop {
         tries += 1;
         let name = proc_dir_name(*id);
-        let cname = CString::new(name.clone()).map_err(|_| root_err("name", io::ErrorKind::InvalidInput.into()))?;
+        let cname = CString::new(name.clone())
+            .map_err(|_| root_err("name", io::ErrorKind::InvalidInput.into()))?;
         let path = root.join(&name);
         match dir::mkdir_at(root_fd.as_raw_fd(), &cname) {
             Ok(()) => {}
@@ -114,11 +115,20 @@ fn same_inode(fd: &std::os::fd::OwnedFd, path: &Path) -> bool {
 
 /// Takes `name`'s lock if its owner is dead, and moves it into our directory. `None` for a
 /// live engine's directory (or a name that is not a directory).
-fn claim_one(root_fd: &std::os::fd::OwnedFd, name: &str, ours: &ProcDir) -> io::Result<Option<PathBuf>> {
+fn claim_one(
+    root_fd: &std::os::fd::OwnedFd,
+    name: &str,
+    ours: &ProcDir,
+) -> io::Result<Option<PathBuf>> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let fd = match dir::open_dir_at(root_fd.as_raw_fd(), &cname) {
         Ok(fd) => fd,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::ENOENT)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::ENOENT)
+            ) =>
+        {
             return Ok(None);
         }
         Err(e) => return Err(e),
@@ -126,7 +136,11 @@ fn claim_one(root_fd: &std::os::fd::OwnedFd, name: &str, ours: &ProcDir) -> io::
     if !dir::try_lock(fd.as_raw_fd())? {
         return Ok(None); // alive
     }
-    let to = format!("orphan-{}-{}", ORPHAN_SEQ.fetch_add(1, Ordering::Relaxed), name);
+    let to = format!(
+        "orphan-{}-{}",
+        ORPHAN_SEQ.fetch_add(1, Ordering::Relaxed),
+        name
+    );
     let cto = CString::new(to.clone()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // Still holding the dead engine's lock, so no other sweeper moves it at the same time.
     dir::rename_at(root_fd.as_raw_fd(), &cname, ours.fd.raw(), &cto)?;

@@ -115,8 +115,6 @@ impl OpSink for Tracker {
 /// The segment being written.
 struct OpenSegment {
     entry_index: usize,
-    dir: Arc<TaskDir>,
-    seg: u32,
     file: Arc<FileHandle>,
     /// Bytes appended so far (header included): the next record's offset.
     logical: u64,
@@ -614,10 +612,11 @@ impl SpillWriter {
             let name = SegmentFileName::new(seg);
             dir.file_coming();
             let task_plan = self.task.fault_plan();
-            let created = match fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterCreate) {
-                Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
-                _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
-            };
+            let created =
+                match fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterCreate) {
+                    Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+                    _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
+                };
             let fd = match created {
                 Ok(fd) => fd,
                 Err(e) => {
@@ -639,13 +638,21 @@ impl SpillWriter {
                 drop(fd);
                 core.root_failed(root, &e);
                 self.delete_now(&dir, seg, ticket, false);
-                return Err(SpillError::io("preallocate", dir.path.join(name.as_str()), e));
+                return Err(SpillError::io(
+                    "preallocate",
+                    dir.path.join(name.as_str()),
+                    e,
+                ));
             }
             break (dir, seg, ticket, fd);
         };
         // The write-after-delete window: a scope closed right here must not leave this file.
         let task_plan = self.task.fault_plan();
-        let _ = fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterAfterCreate);
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &core.fault,
+            FaultPoint::WriterAfterCreate,
+        );
         let entry_index = {
             let mut f = self.shared.files.lock();
             if f.aborted && !cfg!(feature = "broken-skip-abort-check") {
@@ -671,8 +678,6 @@ impl SpillWriter {
         self.staging = Some(buf);
         self.seg = Some(OpenSegment {
             entry_index,
-            dir,
-            seg,
             file,
             logical: HEADER_LEN as u64,
             staged_at: 0,
@@ -717,7 +722,11 @@ impl SpillWriter {
         };
         self.life = Life::Finished;
         let task_plan = self.task.fault_plan();
-        let _ = fault::check2(task_plan.as_ref(), &self.core.fault, FaultPoint::WriterHandOff);
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterHandOff,
+        );
         let infos: Vec<SegInfo> = entries
             .iter()
             .zip(&lens)

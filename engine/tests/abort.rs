@@ -51,7 +51,10 @@ fn cancel_between_file_creation_and_abort_check() {
         h.join().unwrap();
         assert!(matches!(err, SpillError::Aborted), "{err}");
         let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.late_files_deleted, 1, "the late file is deleted by its writer");
+        assert_eq!(
+            m.late_files_deleted, 1,
+            "the late file is deleted by its writer"
+        );
         assert_eq!(m.aborts_observed, 1);
         assert_eq!(m.files_deleted, m.segments_created);
         assert_eq!(m.files_already_absent, 0, "a file was deleted twice");
@@ -64,7 +67,8 @@ fn cancel_mid_write_with_writes_in_flight() {
     each_backend(|b| {
         let dir = tempfile::tempdir().unwrap();
         let plan = FaultPlan::new(2);
-        let engine = Engine::open(cfg(dir.path(), b).queue_depth(4).fault_plan(plan.clone())).unwrap();
+        let engine =
+            Engine::open(cfg(dir.path(), b).queue_depth(4).fault_plan(plan.clone())).unwrap();
         let fds = fd_count();
         let task = engine.task("inflight").unwrap();
         // The I/O thread stops at its first write: everything after it stays in flight.
@@ -89,7 +93,9 @@ fn cancel_mid_write_with_writes_in_flight() {
         );
         task.cancel();
         // The cancel wakes the blocked writer while the device is still stuck.
-        let (err, written) = rx.recv_timeout(T).expect("cancel did not unblock the writer");
+        let (err, written) = rx
+            .recv_timeout(T)
+            .expect("cancel did not unblock the writer");
         assert!(matches!(err, SpillError::Aborted), "{err}");
         // Four 64 KiB staging buffers in flight hold three framed 64 KiB records.
         assert!(written >= 3, "only {written} records were queued");
@@ -190,7 +196,10 @@ fn close_is_idempotent_and_deletes_everything_once() {
         task.close();
         clone.cancel();
         assert!(task.is_closed() && clone.is_closed());
-        assert!(matches!(w2.write(Bytes::from_static(b"x")), Err(SpillError::Aborted)));
+        assert!(matches!(
+            w2.write(Bytes::from_static(b"x")),
+            Err(SpillError::Aborted)
+        ));
         assert!(matches!(w2.finish(), Err(SpillError::WriterFailed)));
         assert!(matches!(state.reader(), Err(SpillError::Aborted)));
         drop((reader, state));
@@ -213,7 +222,10 @@ fn dropping_the_last_task_handle_aborts_its_writers() {
             w.write(Bytes::from(record(i, 5000))).unwrap();
         }
         drop(task);
-        assert!(matches!(w.write(Bytes::from_static(b"x")), Err(SpillError::Aborted)));
+        assert!(matches!(
+            w.write(Bytes::from_static(b"x")),
+            Err(SpillError::Aborted)
+        ));
         drop(w);
         assert_clean(&engine, dir.path());
     });

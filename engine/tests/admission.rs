@@ -17,7 +17,8 @@ fn segment_files(root: &std::path::Path) -> usize {
 fn ledger_full_refuses_the_next_rotation_and_reopens() {
     each_backend(|b| {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10).ticket_capacity(2)).unwrap();
+        let engine =
+            Engine::open(cfg(dir.path(), b).segment_size(64 << 10).ticket_capacity(2)).unwrap();
         let fds = fd_count();
         let task = engine.task("full").unwrap();
         let mut w = task.writer().unwrap();
@@ -28,11 +29,18 @@ fn ledger_full_refuses_the_next_rotation_and_reopens() {
                 Err(e) => break e,
             }
         };
-        assert!(matches!(err, SpillError::LedgerFull { capacity: 2 }), "{err}");
+        assert!(
+            matches!(err, SpillError::LedgerFull { capacity: 2 }),
+            "{err}"
+        );
         // 64 records fit a segment: two segments' worth went in, the 129th was refused.
         assert_eq!(written, 128);
         assert!(engine.settle(std::time::Duration::from_secs(5)));
-        assert_eq!(segment_files(dir.path()), 2, "the refused create made no file");
+        assert_eq!(
+            segment_files(dir.path()),
+            2,
+            "the refused create made no file"
+        );
         let m = engine.metrics();
         assert_eq!(m.tickets_used, 2);
         assert_eq!(m.admission_failures, 1);
@@ -55,7 +63,10 @@ fn ledger_full_refuses_the_next_rotation_and_reopens() {
         assert_eq!(engine.metrics().tickets_used, 0);
         w2.write(Bytes::from_static(b"x")).unwrap();
         let st2 = w2.finish().unwrap();
-        assert_eq!(&st2.reader().unwrap().next_record().unwrap().unwrap()[..], b"x");
+        assert_eq!(
+            &st2.reader().unwrap().next_record().unwrap().unwrap()[..],
+            b"x"
+        );
         drop(st2);
         task.close();
         let m = assert_clean(&engine, dir.path());

@@ -27,7 +27,9 @@ fn many_async_writers_on_a_multi_thread_runtime() {
                     let mut w = task.writer().unwrap();
                     for i in 0..300u64 {
                         let len = ((i * 7919 + t * 31) % 40_000) as usize;
-                        w.write_async(Bytes::from(record(t * 10_000 + i, len))).await.unwrap();
+                        w.write_async(Bytes::from(record(t * 10_000 + i, len)))
+                            .await
+                            .unwrap();
                     }
                     let st = w.finish_async().await.unwrap();
                     let mut r = st.reader().unwrap();
@@ -59,7 +61,8 @@ fn cancel_wakes_an_async_writer_waiting_for_budget() {
     each_backend(|b| {
         let dir = tempfile::tempdir().unwrap();
         let plan = FaultPlan::new(9);
-        let engine = Engine::open(cfg(dir.path(), b).queue_depth(2).fault_plan(plan.clone())).unwrap();
+        let engine =
+            Engine::open(cfg(dir.path(), b).queue_depth(2).fault_plan(plan.clone())).unwrap();
         let pause = plan.pause_once(FaultPoint::IoWrite);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -82,9 +85,11 @@ fn cancel_wakes_an_async_writer_waiting_for_budget() {
             // The writer parks on its budget while the I/O thread is stuck; the runtime
             // stays free (this sleep runs on it).
             let p2 = pause.clone();
-            assert!(tokio::task::spawn_blocking(move || p2.wait_reached(Duration::from_secs(10)))
-                .await
-                .unwrap());
+            assert!(
+                tokio::task::spawn_blocking(move || p2.wait_reached(Duration::from_secs(10)))
+                    .await
+                    .unwrap()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert!(!writer.is_finished());
             task.cancel();

@@ -49,14 +49,23 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode) {
 
     // 1. One flipped byte inside record 10 of segment 1.
     let at = HEADER + 10 * FRAMED;
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&paths[1]).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&paths[1])
+        .unwrap();
     f.seek(SeekFrom::Start(at + 8 + 5)).unwrap();
     f.write_all(&[0xAA]).unwrap();
     drop(f);
     let (good, err) = read_until_error(&st);
     assert_eq!(good, PER_SEGMENT + 10);
     match err {
-        SpillError::Corrupt { segment, offset, detail, ref path } => {
+        SpillError::Corrupt {
+            segment,
+            offset,
+            detail,
+            ref path,
+        } => {
             assert_eq!((segment, offset), (1, at), "{err}");
             assert_eq!(detail, "record checksum mismatch");
             assert_eq!(path, &paths[1]);
@@ -67,31 +76,58 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode) {
     // 2. A truncated tail: the last segment loses its last 10 bytes.
     let last_records = 300 - 4 * PER_SEGMENT; // 44
     let logical = HEADER + last_records * FRAMED;
-    std::fs::OpenOptions::new().write(true).open(&paths[4]).unwrap().set_len(logical - 10).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[4])
+        .unwrap()
+        .set_len(logical - 10)
+        .unwrap();
     // Repair segment 1 so the reader gets that far.
-    let mut f = std::fs::OpenOptions::new().write(true).open(&paths[1]).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[1])
+        .unwrap();
     f.seek(SeekFrom::Start(at + 8 + 5)).unwrap();
     f.write_all(&record(PER_SEGMENT + 10, REC)[5..6]).unwrap();
     drop(f);
     let (good, err) = read_until_error(&st);
     assert_eq!(good, 299, "every record before the cut is returned");
     match err {
-        SpillError::Corrupt { segment, offset, detail, .. } => {
-            assert_eq!((segment, offset), (4, HEADER + (last_records - 1) * FRAMED), "{err}");
+        SpillError::Corrupt {
+            segment,
+            offset,
+            detail,
+            ..
+        } => {
+            assert_eq!(
+                (segment, offset),
+                (4, HEADER + (last_records - 1) * FRAMED),
+                "{err}"
+            );
             assert_eq!(detail, "segment truncated inside a record");
         }
         other => panic!("want Corrupt, got {other}"),
     }
 
     // 3. A damaged header: the segment is refused at offset 0 before any of its records.
-    let mut f = std::fs::OpenOptions::new().write(true).open(&paths[2]).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .unwrap();
     f.seek(SeekFrom::Start(13)).unwrap();
     f.write_all(&[0xFF]).unwrap();
     drop(f);
     let (good, err) = read_until_error(&st);
     assert_eq!(good, 2 * PER_SEGMENT);
     assert!(
-        matches!(err, SpillError::Corrupt { segment: 2, offset: 0, .. }),
+        matches!(
+            err,
+            SpillError::Corrupt {
+                segment: 2,
+                offset: 0,
+                ..
+            }
+        ),
         "{err}"
     );
 

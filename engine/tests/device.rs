@@ -76,7 +76,10 @@ fn serves_another_task(engine: &Engine) {
     let st = w.finish().unwrap();
     let mut r = st.reader().unwrap();
     for i in 0..16 {
-        assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 32 << 10)[..]);
+        assert_eq!(
+            &r.next_record().unwrap().unwrap()[..],
+            &record(i, 32 << 10)[..]
+        );
     }
     drop((r, st));
     task.close();
@@ -96,7 +99,10 @@ fn enospc(backend: spillring::BackendKind, mode: WriteMode, preallocate: bool) {
     let (err, written) = fill_until_error(&engine, "filler");
     assert!(err.is_storage_full(), "want StorageFull, got: {err}");
     let msg = err.to_string();
-    assert!(msg.contains("storage full") && msg.contains("No space left"), "{msg}");
+    assert!(
+        msg.contains("storage full") && msg.contains("No space left"),
+        "{msg}"
+    );
     if preallocate {
         // Preallocation makes the disk full fail at a rotation, never mid-record.
         assert!(msg.contains("preallocate"), "{msg}");

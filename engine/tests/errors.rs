@@ -51,8 +51,14 @@ fn write_failure_whose_cleanup_fails_reports_the_write_error() {
         assert!(m.write_failures >= 1, "{m:?}");
         assert!(m.delete_failures >= 1, "{m:?}");
         assert!(m.cleanup_pending >= 1, "{m:?}");
-        assert_eq!(m.tickets_used, m.cleanup_pending, "retained names keep their tickets");
-        assert!(!files_under(dir.path()).is_empty(), "the undeletable files are still there");
+        assert_eq!(
+            m.tickets_used, m.cleanup_pending,
+            "retained names keep their tickets"
+        );
+        assert!(
+            !files_under(dir.path()).is_empty(),
+            "the undeletable files are still there"
+        );
         let report = engine.cleanup_report();
         assert_eq!(report.pending, m.cleanup_pending);
         assert!(!report.examples.is_empty());
@@ -80,7 +86,11 @@ fn ambiguous_delete_is_retried_and_found_absent() {
         let st = w.finish().unwrap();
         let n = st.segments() as u64;
         // The unlinks happen, but report EIO: their outcome is unknown to the engine.
-        plan.arm(FaultPoint::IoUnlink, FaultAction::FailAfter(libc::EIO), Trigger::Always);
+        plan.arm(
+            FaultPoint::IoUnlink,
+            FaultAction::FailAfter(libc::EIO),
+            Trigger::Always,
+        );
         drop(st);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while engine.metrics().cleanup_released < n && std::time::Instant::now() < deadline {
@@ -102,7 +112,12 @@ fn create_failure_leaves_nothing() {
     each_backend(|b| {
         let dir = tempfile::tempdir().unwrap();
         let plan = FaultPlan::new(7);
-        let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone()).segment_size(64 << 10)).unwrap();
+        let engine = Engine::open(
+            cfg(dir.path(), b)
+                .fault_plan(plan.clone())
+                .segment_size(64 << 10),
+        )
+        .unwrap();
         let task = engine.task("create").unwrap();
         let mut w = task.writer().unwrap();
         for i in 0..100 {
@@ -114,11 +129,18 @@ fn create_failure_leaves_nothing() {
             .unwrap();
         match &err {
             SpillError::Io { op, source, .. } => {
-                assert_eq!((*op, source.raw_os_error()), ("create", Some(libc::EACCES)), "{err}");
+                assert_eq!(
+                    (*op, source.raw_os_error()),
+                    ("create", Some(libc::EACCES)),
+                    "{err}"
+                );
             }
             other => panic!("{other}"),
         }
-        assert!(matches!(w.write(Bytes::from_static(b"x")), Err(SpillError::WriterFailed)));
+        assert!(matches!(
+            w.write(Bytes::from_static(b"x")),
+            Err(SpillError::WriterFailed)
+        ));
         drop(w);
         task.close();
         assert_clean(&engine, dir.path());

@@ -85,14 +85,8 @@ fn pwritev2_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<
         ];
         let cnt = if b.is_empty() { 1 } else { 2 };
         // SAFETY: both iovecs point into slices that live for the call; the kernel only reads.
-        let n = unsafe {
-            libc::pwritev(
-                fd,
-                iov.as_ptr(),
-                cnt,
-                (offset + done as u64) as libc::off_t,
-            )
-        };
+        let n =
+            unsafe { libc::pwritev(fd, iov.as_ptr(), cnt, (offset + done as u64) as libc::off_t) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -124,7 +124,10 @@ pub(crate) fn spawn(
     let nslots = setup.pool.max_slots();
     let fixed = probe.is_supported(opcode::WriteFixed::CODE)
         && nslots > 0
-        && ring.submitter().register_buffers_sparse(nslots as u32).is_ok();
+        && ring
+            .submitter()
+            .register_buffers_sparse(nslots as u32)
+            .is_ok();
 
     // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
     let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -210,12 +213,9 @@ impl Ring {
     }
 
     fn arm_wake(&mut self) -> io::Result<()> {
-        let e = opcode::PollAdd::new(
-            types::Fd(self.wake.efd.as_raw_fd()),
-            libc::POLLIN as u32,
-        )
-        .build()
-        .user_data(WAKE_TOKEN);
+        let e = opcode::PollAdd::new(types::Fd(self.wake.efd.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(WAKE_TOKEN);
         self.push(&e)
     }
 
@@ -310,9 +310,7 @@ impl Ring {
                         let len = (buf.len - slot.done) as u32;
                         match buf.slot {
                             Some(s) if fixed && registered.get(s as usize) == Some(&true) => {
-                                opcode::WriteFixed::new(fd, ptr, len, s)
-                                    .offset(off)
-                                    .build()
+                                opcode::WriteFixed::new(fd, ptr, len, s).offset(off).build()
                             }
                             _ => opcode::Write::new(fd, ptr, len).offset(off).build(),
                         }

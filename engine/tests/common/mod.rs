@@ -31,7 +31,9 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// Number of open fds of this process.
 pub fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").expect("read /proc/self/fd").count()
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .count()
 }
 
 /// What each open fd of this process points at (for leak reports).
@@ -41,7 +43,11 @@ pub fn fd_targets() -> Vec<String> {
         .flatten()
         .map(|e| {
             let t = std::fs::read_link(e.path()).map(|p| p.display().to_string());
-            format!("{} -> {}", e.file_name().to_string_lossy(), t.unwrap_or_default())
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                t.unwrap_or_default()
+            )
         })
         .collect();
     v.sort();
@@ -53,7 +59,9 @@ pub fn files_under(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let t = e.file_type().expect("file type");
             if t.is_dir() {
@@ -72,7 +80,9 @@ pub fn dirs_under(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             if e.file_type().expect("file type").is_dir() {
                 out.push(e.path());
@@ -86,9 +96,16 @@ pub fn dirs_under(root: &Path) -> Vec<PathBuf> {
 /// Settles the engine and asserts nothing is left: no file under the root, no ticket held,
 /// no delete pending, only the engine's own (empty) process directory.
 pub fn assert_clean(engine: &Engine, root: &Path) -> Metrics {
-    assert!(engine.settle(Duration::from_secs(10)), "engine did not settle");
+    assert!(
+        engine.settle(Duration::from_secs(10)),
+        "engine did not settle"
+    );
     let m = engine.metrics();
-    assert_eq!(files_under(root), Vec::<PathBuf>::new(), "files left under the root");
+    assert_eq!(
+        files_under(root),
+        Vec::<PathBuf>::new(),
+        "files left under the root"
+    );
     assert_eq!(m.tickets_used, 0, "tickets still held: {m:?}");
     assert_eq!(m.cleanup_pending, 0, "cleanup records pending: {m:?}");
     assert_eq!(m.spill_bytes_in_use, 0, "quota bytes still held: {m:?}");
