@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::dir::{DirNext, TaskDir};
+use crate::dir::{DirEntry, DirNext, TaskDir};
 use crate::engine::Core;
 use crate::fault::FaultPoint;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
@@ -119,7 +119,7 @@ impl Cleanup {
     }
 
     /// Hands a file whose delete failed to the worker; its ticket stays held.
-    pub(crate) fn retain_file(&self, dir: &TaskDir, seg: u32, ticket: RetainedTicket) {
+    pub(crate) fn retain_file(&self, dir: &DirEntry, seg: u32, ticket: RetainedTicket) {
         // The capacity stays held; the record carries how much quota the ticket had.
         let pages = ticket.into_pages();
         self.push(Record {
@@ -131,7 +131,7 @@ impl Cleanup {
     }
 
     /// Hands a directory whose `rmdir` failed to the worker.
-    pub(crate) fn retain_dir(&self, dir: &TaskDir) {
+    pub(crate) fn retain_dir(&self, dir: &DirEntry) {
         self.push(Record {
             dir: dir.index,
             seg: DIR_RECORD,
@@ -152,6 +152,16 @@ impl Cleanup {
         let mut q = self.queue.lock();
         q.sweeps.push_back(path);
         self.cv.notify_all();
+    }
+
+    /// The queue in order, as (directory index, segment number): for tests of its rotation.
+    pub(crate) fn snapshot(&self) -> Vec<(u32, u32)> {
+        self.queue
+            .lock()
+            .records
+            .iter()
+            .map(|r| (r.dir, r.seg))
+            .collect()
     }
 
     /// Queues a sweep that failed again, after the retry delay.
@@ -315,12 +325,12 @@ fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
     let SegmentEntry { dir, ticket, .. } = entry;
     drop(ticket);
     if dir.file_gone() == DirNext::Remove {
-        remove_dir(core, &dir);
+        remove_dir(core, &dir.entry);
     }
 }
 
 /// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
-pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<TaskDir>) {
+pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<DirEntry>) {
     Counters::add(&core.counters.deletes_in_flight, 1);
     let sink = Arc::new(RmdirSink {
         core: core.clone(),
@@ -343,7 +353,7 @@ pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<TaskDir>) {
 
 struct RmdirSink {
     core: Arc<Core>,
-    dir: Arc<TaskDir>,
+    dir: Arc<DirEntry>,
 }
 
 impl OpSink for RmdirSink {
@@ -390,6 +400,7 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
     let mut rng = core.id | 1;
     loop {
         // Take a batch of ready records, or a sweep job, or wait.
+        let mut checked = false;
         let work = {
             let mut q = cl.queue.lock();
             loop {
@@ -400,6 +411,15 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
                 }
                 let now = Instant::now();
                 let waiting = q.retry_at.filter(|t| *t > now);
+                let ready = waiting.is_none() && (!q.records.is_empty() || !q.sweeps.is_empty());
+                if ready && core.fault.is_some() && !checked {
+                    // The `cleanup::take` fault point, outside the lock (it may pause).
+                    checked = true;
+                    parking_lot::MutexGuard::unlocked(&mut q, || {
+                        let _ = crate::fault::check(&core.fault, FaultPoint::CleanupTake);
+                    });
+                    continue;
+                }
                 if !q.records.is_empty() && waiting.is_none() {
                     let n = q.records.len().min(core.cfg.cleanup_batch);
                     let batch: Vec<Record> = q.records.drain(..n).collect();
@@ -460,14 +480,14 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         left: Mutex::new(n),
         cv: Condvar::new(),
     });
-    let mut dirs: Vec<Option<Arc<TaskDir>>> = Vec::with_capacity(n);
+    let mut dirs: Vec<Option<Arc<DirEntry>>> = Vec::with_capacity(n);
     for (i, r) in batch.iter().enumerate() {
         let dir = core.dirs.get(r.dir);
         let op = dir.as_ref().map(|d| {
             if r.seg == DIR_RECORD {
                 (d.parent.fd.clone(), d.name, true)
             } else {
-                (d.fd.clone(), seg_name(r.seg), false)
+                (d.parent.fd.clone(), d.segment_rel(r.seg), false)
             }
         });
         dirs.push(dir);

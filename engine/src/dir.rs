@@ -158,13 +158,13 @@ pub(crate) enum DirNext {
     Remove,
 }
 
-/// One task's directory under one root.
+/// One task's directory under one root, as the engine's directory table knows it: no fd, so
+/// name-only cleanup records can outlive every handle of the task without holding one open.
 #[derive(Debug)]
-pub(crate) struct TaskDir {
+pub(crate) struct DirEntry {
     /// Index in the engine's [`DirTable`].
     pub index: u32,
     pub path: PathBuf,
-    pub fd: Arc<FileHandle>,
     /// Name within the process directory, for the final `rmdir`.
     pub name: NameBuf,
     pub parent: Arc<ProcDir>,
@@ -173,25 +173,7 @@ pub(crate) struct TaskDir {
     live: AtomicU64,
 }
 
-impl TaskDir {
-    pub(crate) fn new(
-        index: u32,
-        path: PathBuf,
-        fd: Arc<FileHandle>,
-        name: NameBuf,
-        parent: Arc<ProcDir>,
-    ) -> Self {
-        TaskDir {
-            index,
-            path,
-            fd,
-            name,
-            parent,
-            next_segment: AtomicU32::new(0),
-            live: AtomicU64::new(0),
-        }
-    }
-
+impl DirEntry {
     /// The next unused segment number, or `None` when they ran out.
     pub(crate) fn next_segment(&self) -> Option<u32> {
         let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
@@ -227,6 +209,29 @@ impl TaskDir {
         }
     }
 
+    /// `<task dir>/<segment file>`, relative to the process directory: how the cleanup worker
+    /// names a file without holding the task directory open.
+    pub(crate) fn segment_rel(&self, seg: u32) -> NameBuf {
+        NameBuf::joined(&self.name, seg)
+    }
+}
+
+/// A task directory held open, for creating and opening its segments. Dereferences to its
+/// [`DirEntry`].
+#[derive(Debug)]
+pub(crate) struct TaskDir {
+    pub entry: Arc<DirEntry>,
+    pub fd: Arc<FileHandle>,
+}
+
+impl std::ops::Deref for TaskDir {
+    type Target = DirEntry;
+    fn deref(&self) -> &DirEntry {
+        &self.entry
+    }
+}
+
+impl TaskDir {
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.raw()
     }
@@ -240,38 +245,39 @@ pub(crate) struct DirTable {
 
 #[derive(Debug, Default)]
 struct DirSlots {
-    slots: Vec<Option<Arc<TaskDir>>>,
+    slots: Vec<Option<Arc<DirEntry>>>,
     free: Vec<u32>,
 }
 
 impl DirTable {
-    /// Inserts the directory `make` builds with its new index.
-    pub(crate) fn insert<E>(
+    /// Adds a directory entry and returns it with its new index.
+    pub(crate) fn insert(
         &self,
-        make: impl FnOnce(u32) -> Result<TaskDir, E>,
-    ) -> Result<Arc<TaskDir>, E> {
+        path: PathBuf,
+        name: NameBuf,
+        parent: Arc<ProcDir>,
+    ) -> Arc<DirEntry> {
         let mut t = self.inner.lock();
-        let idx = match t.free.pop() {
+        let index = match t.free.pop() {
             Some(i) => i,
             None => {
                 t.slots.push(None);
                 (t.slots.len() - 1) as u32
             }
         };
-        match make(idx) {
-            Ok(d) => {
-                let d = Arc::new(d);
-                t.slots[idx as usize] = Some(d.clone());
-                Ok(d)
-            }
-            Err(e) => {
-                t.free.push(idx);
-                Err(e)
-            }
-        }
+        let d = Arc::new(DirEntry {
+            index,
+            path,
+            name,
+            parent,
+            next_segment: AtomicU32::new(0),
+            live: AtomicU64::new(0),
+        });
+        t.slots[index as usize] = Some(d.clone());
+        d
     }
 
-    pub(crate) fn get(&self, idx: u32) -> Option<Arc<TaskDir>> {
+    pub(crate) fn get(&self, idx: u32) -> Option<Arc<DirEntry>> {
         self.inner
             .lock()
             .slots

@@ -463,6 +463,13 @@ impl Engine {
         Counters::get(&core.counters.deletes_in_flight) + core.cleanup.pending()
     }
 
+    /// The cleanup queue in order, as (directory index, segment number). Not a stable API:
+    /// for tests of the worker's rotation order.
+    #[doc(hidden)]
+    pub fn cleanup_queue_snapshot(&self) -> Vec<(u32, u32)> {
+        self.inner.core.cleanup.snapshot()
+    }
+
     /// Lets the cleanup worker retry failed deletes now instead of after its delay.
     pub fn retry_cleanup_now(&self) {
         self.inner.core.cleanup.retry_now();

@@ -12,6 +12,7 @@
 //! | `IoWrite` | an I/O thread about to write | the write completes with `-errno` |
 //! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
+//! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -39,17 +40,21 @@ pub enum FaultPoint {
     IoUnlink,
     /// `cleanup::unlink`: the cleanup worker about to unlink a retained name.
     CleanupUnlink,
+    /// `cleanup::take`: the cleanup worker found ready records and is about to take a batch.
+    /// Pausing here lets a test queue records first and then watch whole batches.
+    CleanupTake,
 }
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 6] = [
+    pub const ALL: [FaultPoint; 7] = [
         FaultPoint::WriterCreate,
         FaultPoint::WriterAfterCreate,
         FaultPoint::WriterHandOff,
         FaultPoint::IoWrite,
         FaultPoint::IoUnlink,
         FaultPoint::CleanupUnlink,
+        FaultPoint::CleanupTake,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -61,6 +66,7 @@ impl FaultPoint {
             FaultPoint::IoWrite => "io::write",
             FaultPoint::IoUnlink => "io::unlink",
             FaultPoint::CleanupUnlink => "cleanup::unlink",
+            FaultPoint::CleanupTake => "cleanup::take",
         }
     }
 
@@ -91,6 +97,13 @@ pub enum Trigger {
     Times(u64),
     /// With this probability each time, decided by the plan's seed.
     Probability(f64),
+    /// Let `skip` calls pass, then fire `times` times.
+    After {
+        /// Calls that pass first.
+        skip: u64,
+        /// Calls that fire after them.
+        times: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -105,8 +118,8 @@ struct Rule {
 pub struct FaultPlan {
     seed: u64,
     rules: Mutex<Vec<Rule>>,
-    calls: [AtomicU64; 6],
-    fired: [AtomicU64; 6],
+    calls: [AtomicU64; 7],
+    fired: [AtomicU64; 7],
 }
 
 /// What a fault point decided for one call.
@@ -203,13 +216,29 @@ impl FaultPlan {
                         }
                     }
                     Trigger::Probability(p) => unit(self.seed, point, call) < *p,
+                    Trigger::After { skip, times } => {
+                        if *skip > 0 {
+                            *skip -= 1;
+                            false
+                        } else if *times > 0 {
+                            *times -= 1;
+                            true
+                        } else {
+                            false
+                        }
+                    }
                 };
                 if fire {
                     chosen = Some(rule.action.clone());
                     break;
                 }
             }
-            rules.retain(|r| !matches!(r.trigger, Trigger::Times(0)));
+            rules.retain(|r| {
+                !matches!(
+                    r.trigger,
+                    Trigger::Times(0) | Trigger::After { skip: 0, times: 0 }
+                )
+            });
             chosen
         };
         let Some(action) = action else {

@@ -48,7 +48,6 @@ impl FileHandle {
         // `fd` is only None inside drop.
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
-
 }
 
 impl Drop for FileHandle {
@@ -103,6 +102,25 @@ impl NameBuf {
         let b = n.as_cstr().to_bytes();
         buf[..b.len()].copy_from_slice(b);
         NameBuf { buf }
+    }
+
+    /// `dir/<segment file name>`.
+    pub(crate) fn joined(dir: &NameBuf, seg: u32) -> Self {
+        let n = SegmentFileName::new(seg);
+        let d = dir.as_bytes();
+        let f = n.as_cstr().to_bytes();
+        let mut buf = [0u8; NAME_BUF];
+        // A directory name is at most ~70 bytes (t<seq>-<48 chars>) and a segment name 28.
+        let dl = d.len().min(NAME_BUF - 2 - f.len());
+        buf[..dl].copy_from_slice(&d[..dl]);
+        buf[dl] = b'/';
+        buf[dl + 1..dl + 1 + f.len()].copy_from_slice(f);
+        NameBuf { buf }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        let end = self.buf.iter().position(|&b| b == 0).unwrap_or(NAME_BUF);
+        &self.buf[..end]
     }
 
     pub(crate) fn new(name: &[u8]) -> Option<Self> {

@@ -245,7 +245,7 @@ impl SpilledState {
                     let SegmentEntry { dir, ticket, .. } = e;
                     drop(ticket);
                     if dir.file_gone() == DirNext::Remove {
-                        remove_dir(&core, &dir);
+                        remove_dir(&core, &dir.entry);
                     }
                 }
                 Err(err) => {

@@ -121,7 +121,7 @@ impl TaskShared {
         let core = self.core();
         for d in dirs.into_iter().flatten() {
             if d.close() == DirNext::Remove {
-                remove_dir(core, &d);
+                remove_dir(core, &d.entry);
             }
         }
     }
@@ -149,23 +149,18 @@ impl TaskShared {
             .map_err(|_| SpillError::InvalidConfig("task id with a NUL byte".into()))?;
         let nbuf = NameBuf::new(name.as_bytes())
             .ok_or_else(|| SpillError::InvalidConfig("task directory name too long".into()))?;
-        let d = core.dirs.insert(|index| {
-            dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
-            let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
-                Ok(fd) => fd,
-                Err(e) => {
-                    let _ = dir::unlink_at(proc_dir.fd.raw(), &cname, true);
-                    return Err(io_err("open directory", e));
-                }
-            };
-            Ok(TaskDir::new(
-                index,
-                path.clone(),
-                FileHandle::new(fd, core.reaper.clone()),
-                nbuf,
-                proc_dir.clone(),
-            ))
-        })?;
+        dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
+        let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = dir::unlink_at(proc_dir.fd.raw(), &cname, true);
+                return Err(io_err("open directory", e));
+            }
+        };
+        let d = Arc::new(TaskDir {
+            entry: core.dirs.insert(path.clone(), nbuf, proc_dir.clone()),
+            fd: FileHandle::new(fd, core.reaper.clone()),
+        });
         dirs[root] = Some(d.clone());
         Ok(d)
     }

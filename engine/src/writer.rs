@@ -622,7 +622,7 @@ impl SpillWriter {
                 Err(e) => {
                     drop(ticket);
                     if dir.file_gone() == DirNext::Remove {
-                        remove_dir(&core, &dir);
+                        remove_dir(&core, &dir.entry);
                     }
                     let skipped = core.root_failed(root, &e);
                     if skipped && attempt < attempts {
@@ -636,8 +636,10 @@ impl SpillWriter {
                 && let Err(e) = dir::preallocate(dir::raw(&fd), reserve)
             {
                 drop(fd);
-                core.root_failed(root, &e);
                 self.delete_now(&dir, seg, ticket, false);
+                if core.root_failed(root, &e) && attempt < attempts {
+                    continue;
+                }
                 return Err(SpillError::io(
                     "preallocate",
                     dir.path.join(name.as_str()),
@@ -697,7 +699,7 @@ impl SpillWriter {
                 Counters::add(&self.core.counters.files_deleted, 1);
                 drop(ticket);
                 if dir.file_gone() == DirNext::Remove {
-                    remove_dir(&self.core, dir);
+                    remove_dir(&self.core, &dir.entry);
                 }
             }
             Err(e) => {

@@ -6,53 +6,10 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
+
 use std::time::Duration;
 
 use spillring::{Bytes, Engine, SpillError, WriteMode};
-
-/// Mounts a tmpfs of `size` on a fresh directory, in a mount namespace private to this thread
-/// (and the threads it starts later, such as the engine's).
-fn private_tmpfs(size: &str, read_only: bool) -> (tempfile::TempDir, PathBuf) {
-    // SAFETY: plain syscalls with valid NUL-terminated arguments; results are checked.
-    unsafe {
-        assert_eq!(
-            libc::unshare(libc::CLONE_NEWNS),
-            0,
-            "unshare(CLONE_NEWNS) failed: these tests need root (CAP_SYS_ADMIN): {}",
-            std::io::Error::last_os_error()
-        );
-        assert_eq!(
-            libc::mount(
-                c"none".as_ptr(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null()
-            ),
-            0,
-            "make / private: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    let holder = tempfile::tempdir().unwrap();
-    let mnt = holder.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let target = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
-    let opts = std::ffi::CString::new(format!("size={size},mode=0755")).unwrap();
-    let flags = if read_only { libc::MS_RDONLY } else { 0 };
-    // SAFETY: valid NUL-terminated arguments; the result is checked.
-    let r = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            target.as_ptr(),
-            c"tmpfs".as_ptr(),
-            flags,
-            opts.as_ptr().cast(),
-        )
-    };
-    assert_eq!(r, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
-    (holder, mnt)
-}
 
 fn fill_until_error(engine: &Engine, id: &str) -> (SpillError, u64) {
     let task = engine.task(id).unwrap();
