@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# bench-report.sh: one command for the whole performance story of issue 4.
+#
+# Runs every bench of the spillring-benches crate (capacity, hot_path, throughput, ledger,
+# cleanup), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine path of every
+# missed goal with `perf record -e cpu-clock`, and writes into the output directory:
+#   capacity.json hot-path.json throughput.json ledger.json cleanup.json fio-baseline.json
+#   REPORT.md (goal beside every figure, commit, machine, command) and SVG plots.
+#
+# Usage: scripts/bench-report.sh [--quick] [--out DIR] [--no-fio] [--no-profile]
+#   --quick       CI-sized smoke run (small volumes, few samples, ~2 minutes). Writes to
+#                 $CARGO_TARGET_DIR/spillring-bench/quick-results unless --out is given, so it
+#                 never overwrites the checked-in results/.
+#   --out DIR     output directory (default: results/ for a full run)
+# Env: CARGO_TARGET_DIR (default target/), SPILLRING_BENCH_ROOT (where spill files go; default
+#      the system temp directory; must support O_DIRECT for the direct-mode runs).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cd "$repo"
+command_line="scripts/bench-report.sh${*:+ $*}"
+
+quick=0
+out=""
+fio=1
+profile=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) quick=1; shift ;;
+        --out) out=$2; shift 2 ;;
+        --no-fio) fio=0; shift ;;
+        --no-profile) profile=0; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        *) echo "bench-report.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+if [[ -z "$out" ]]; then
+    if (( quick )); then out="$CARGO_TARGET_DIR/spillring-bench/quick-results"; else out="$repo/results"; fi
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+raw="$CARGO_TARGET_DIR/spillring-bench/raw"
+rm -rf "$raw"
+mkdir -p "$raw"
+export SPILLRING_BENCH_OUT="$raw"
+export SPILLRING_BENCH_QUICK=$quick
+
+start=$(date +%s)
+echo "bench-report: cargo bench (quick=$quick), raw results in $raw" >&2
+set +e
+cargo bench -p spillring-benches 2>&1 | tee "$raw/cargo-bench.log" \
+    | { grep -E '^(capacity|hot_path|throughput round|cleanup|spillring-bench|error)|time:|panicked' >&2 || true; }
+status=${PIPESTATUS[0]}
+set -e
+if (( status != 0 )); then
+    echo "bench-report: cargo bench failed ($status); the end of its log:" >&2
+    tail -40 "$raw/cargo-bench.log" >&2
+    exit "$status"
+fi
+
+if (( fio )); then
+    fio_args=(--out "$raw")
+    if (( quick )); then fio_args+=(--quick); fi
+    "$here/fio-baseline.sh" "${fio_args[@]}"
+fi
+
+report_args=(--raw "$raw" --out "$out" --command "$command_line" --target-dir "$CARGO_TARGET_DIR")
+if (( quick )); then report_args+=(--quick --profile-secs 1); fi
+if (( ! profile )); then report_args+=(--no-profile); fi
+python3 "$here/bench_report.py" "${report_args[@]}"
+echo "bench-report: done in $(( $(date +%s) - start )) s; see $out/REPORT.md" >&2
