@@ -599,7 +599,16 @@ impl SpillWriter {
         let (dir, seg, ticket, fd) = loop {
             attempt += 1;
             let root = core.pick_root();
-            let dir = self.task.dir(root)?;
+            let dir = match self.task.dir(root) {
+                Ok(d) => d,
+                Err(e) => {
+                    let skipped = e.os_error().is_some_and(|os| core.root_failed(root, os));
+                    if skipped && attempt < attempts {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
             if self.shared.aborted.load(Ordering::Acquire) {
                 return Err(SpillError::Aborted);
             }

@@ -158,12 +158,17 @@ fn ambiguous_delete_keeps_the_ticket_and_frees_buffers_and_fds() {
         assert!(matches!(e, SpillError::LedgerFull { capacity: 21 }), "{e}");
         drop(w);
         t2.close();
-        wait_for("the failed deletes", || engine.metrics().deletes_in_flight == 0);
+        wait_for("the failed deletes", || {
+            engine.metrics().deletes_in_flight == 0
+        });
         plan.clear_all();
         engine.retry_cleanup_now();
         let m = assert_clean(&engine, dir.path());
         assert_eq!(m.cleanup_released, 21, "{m:?}");
-        assert_eq!(m.files_deleted, 0, "every file went through the worker: {m:?}");
+        assert_eq!(
+            m.files_deleted, 0,
+            "every file went through the worker: {m:?}"
+        );
     });
 }
 

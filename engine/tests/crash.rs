@@ -64,7 +64,11 @@ fn a_killed_process_is_reclaimed_by_the_next_open() {
         let _serial = serial();
         eprintln!("--- backend {backend}");
         let dir = tempfile::tempdir().unwrap();
-        let b = if backend == "psync" { BackendKind::Psync } else { BackendKind::Uring };
+        let b = if backend == "psync" {
+            BackendKind::Psync
+        } else {
+            BackendKind::Uring
+        };
 
         // A live engine with files of its own on the same root.
         let live = open(dir.path(), b);
@@ -78,7 +82,13 @@ fn a_killed_process_is_reclaimed_by_the_next_open() {
         assert!(live_files.len() >= 2);
 
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROOT_ENV, dir.path())
             .env(BACKEND_ENV, backend)
             .stdout(Stdio::piped())
@@ -103,9 +113,15 @@ fn a_killed_process_is_reclaimed_by_the_next_open() {
         let t = Instant::now();
         let next = open(dir.path(), b);
         let opened_in = t.elapsed();
-        assert!(!child_dir.exists(), "the dead directory is moved out of the way at open");
+        assert!(
+            !child_dir.exists(),
+            "the dead directory is moved out of the way at open"
+        );
         assert!(next.settle(Duration::from_secs(10)));
-        eprintln!("open took {opened_in:?} with {} orphan files", orphans.len());
+        eprintln!(
+            "open took {opened_in:?} with {} orphan files",
+            orphans.len()
+        );
         let m = next.metrics();
         assert_eq!(m.orphan_dirs_swept, 1, "{m:?}");
         assert_eq!(m.orphan_files_swept, orphans.len() as u64, "{m:?}");
@@ -113,7 +129,11 @@ fn a_killed_process_is_reclaimed_by_the_next_open() {
         // Nothing of the dead process is left; the live engine's files are untouched.
         let mut left = files_under(dir.path());
         left.retain(|p| !p.starts_with(&live.process_dirs()[0]));
-        assert_eq!(left, Vec::<PathBuf>::new(), "files of the dead process remain");
+        assert_eq!(
+            left,
+            Vec::<PathBuf>::new(),
+            "files of the dead process remain"
+        );
         assert_eq!(files_in(&live.process_dirs()[0]), live_files);
         let mut r = live_state.reader().unwrap();
         for i in 0..300 {
@@ -129,10 +149,22 @@ fn a_killed_process_is_reclaimed_by_the_next_open() {
         assert!(third.settle(Duration::from_secs(5)));
         assert_eq!(third.metrics().orphan_dirs_swept, 0);
         assert!(live.process_dirs()[0].exists() && next.process_dirs()[0].exists());
-        let ids = (live.process_dirs(), next.process_dirs(), third.process_dirs());
+        let ids = (
+            live.process_dirs(),
+            next.process_dirs(),
+            third.process_dirs(),
+        );
         drop((third, next, live, live_task));
-        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-        assert_eq!(left, Vec::<PathBuf>::new(), "clean shutdowns leave nothing: {ids:?} {:?}", files_under(dir.path()));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(
+            left,
+            Vec::<PathBuf>::new(),
+            "clean shutdowns leave nothing: {ids:?} {:?}",
+            files_under(dir.path())
+        );
     }
 }
 
@@ -141,7 +173,9 @@ fn a_dead_directory_of_any_content_is_swept_without_stalling_open() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     // A crashed engine's directory, with nested task directories and stray files.
-    let dead = dir.path().join(format!("{}{:016x}", spillring::PROC_PREFIX, 0xdead_u64));
+    let dead = dir
+        .path()
+        .join(format!("{}{:016x}", spillring::PROC_PREFIX, 0xdead_u64));
     for t in 0..20 {
         let td = dead.join(format!("t{t}-x"));
         std::fs::create_dir_all(&td).unwrap();
@@ -155,7 +189,11 @@ fn a_dead_directory_of_any_content_is_swept_without_stalling_open() {
     assert!(!dead.exists());
     assert!(engine.settle(Duration::from_secs(20)));
     let m = engine.metrics();
-    assert_eq!((m.orphan_dirs_swept, m.orphan_files_swept), (1, 2000), "{m:?}");
+    assert_eq!(
+        (m.orphan_dirs_swept, m.orphan_files_swept),
+        (1, 2000),
+        "{m:?}"
+    );
     eprintln!("open took {opened:?} with 2,000 orphan files");
     drop(engine);
     assert_eq!(dirs_under(dir.path()), Vec::<PathBuf>::new());
