@@ -96,13 +96,20 @@ fn drain(
 
 /// A dead engine's directory with `n` segment files in 100 task directories.
 fn plant_orphans(root: &Path, n: u64) -> std::io::Result<()> {
-    let dead = root.join(format!("{}{:016x}", spillring::PROC_PREFIX, 0xdead_beef_u64));
+    let dead = root.join(format!(
+        "{}{:016x}",
+        spillring::PROC_PREFIX,
+        0xdead_beef_u64
+    ));
     for i in 0..n {
         let td = dead.join(format!("t{}-orphan", i % 100));
         if i < 100 {
             std::fs::create_dir_all(&td)?;
         }
-        std::fs::write(td.join(format!("spill-segment-{:06}.bin", i / 100)), [0u8; 128])?;
+        std::fs::write(
+            td.join(format!("spill-segment-{:06}.bin", i / 100)),
+            [0u8; 128],
+        )?;
     }
     Ok(())
 }
@@ -121,9 +128,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut drains = Vec::new();
     for backend in [BackendKind::Uring, BackendKind::Psync] {
         let name = format!("{backend:?}").to_lowercase();
-        let (clean, _, clean_s) = drain(&base.path().join(format!("d0-{name}")), a.records, 0.0, backend)?;
-        let (faulty, retries, faulty_s) =
-            drain(&base.path().join(format!("d10-{name}")), a.records, 0.10, backend)?;
+        let (clean, _, clean_s) = drain(
+            &base.path().join(format!("d0-{name}")),
+            a.records,
+            0.0,
+            backend,
+        )?;
+        let (faulty, retries, faulty_s) = drain(
+            &base.path().join(format!("d10-{name}")),
+            a.records,
+            0.10,
+            backend,
+        )?;
         eprintln!(
             "{name}: drain {clean:.0} records/s with no failures, {faulty:.0} records/s with 10% failing ({retries} retries, {faulty_s:.2} s)"
         );

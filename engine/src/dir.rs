@@ -118,17 +118,34 @@ pub(crate) fn try_lock(fd: RawFd) -> io::Result<bool> {
     }
 }
 
-/// `fallocate(KEEP_SIZE)` the first `len` bytes.
-pub(crate) fn preallocate(fd: RawFd, len: u64) -> io::Result<()> {
+/// `fallocate(KEEP_SIZE)` the first `len` bytes. `Ok(false)` if the filesystem cannot.
+pub(crate) fn preallocate(fd: RawFd, len: u64) -> io::Result<bool> {
+    fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, len)
+}
+
+/// `fallocate` the first `len` bytes, growing the file to `len`. `Ok(false)` if the
+/// filesystem cannot.
+pub(crate) fn allocate(fd: RawFd, len: u64) -> io::Result<bool> {
+    fallocate(fd, 0, len)
+}
+
+fn fallocate(fd: RawFd, mode: libc::c_int, len: u64) -> io::Result<bool> {
     loop {
         // SAFETY: fallocate on an fd has no memory-safety preconditions.
-        let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, len as libc::off_t) };
+        let r = unsafe { libc::fallocate(fd, mode, 0, len as libc::off_t) };
         match cvt(r) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(true),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(false),
             Err(e) => return Err(e),
         }
     }
+}
+
+/// `ftruncate` to `len`.
+pub(crate) fn truncate(fd: RawFd, len: u64) -> io::Result<()> {
+    // SAFETY: ftruncate on an fd has no memory-safety preconditions.
+    cvt(unsafe { libc::ftruncate(fd, len as libc::off_t) }).map(drop)
 }
 
 pub(crate) fn cpath(p: &Path) -> io::Result<std::ffi::CString> {

@@ -115,6 +115,8 @@ impl OpSink for Tracker {
 /// The segment being written.
 struct OpenSegment {
     entry_index: usize,
+    /// Bytes allocated to the file at creation (direct mode), 0 if none.
+    allocated: u64,
     file: Arc<FileHandle>,
     /// Bytes appended so far (header included): the next record's offset.
     logical: u64,
@@ -153,6 +155,8 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     staging: Option<IoBuf>,
     placing: Option<Placing>,
+    /// The last segment, to trim to its written length once its writes are done.
+    trim: Option<(Arc<FileHandle>, u64)>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -223,6 +227,7 @@ impl SpillWriter {
             seg: None,
             staging: None,
             placing: None,
+            trim: None,
             life: Life::Open,
             core,
         })
@@ -268,8 +273,9 @@ impl SpillWriter {
     /// closed meanwhile, the files are deleted and the result is `Aborted`.
     pub fn finish(mut self) -> Result<SpilledState> {
         self.check_open()?;
-        let r = blocking(self.poll_seal(&mut Wait::Block)).and_then(|()| self.wait_drained());
+        let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
         self.settle(r)?;
+        self.trim_last();
         self.hand_off()
     }
 
@@ -278,11 +284,12 @@ impl SpillWriter {
         self.check_open()?;
         let r = poll_fn(|cx| {
             let mut w = Wait::Async(cx);
-            ready_ok!(self.poll_seal(&mut w));
+            ready_ok!(self.seal_with(&mut w, true));
             self.poll_drained(&mut w)
         })
         .await;
         self.settle(r)?;
+        self.trim_last();
         self.hand_off()
     }
 
@@ -538,6 +545,18 @@ impl SpillWriter {
     /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
     /// zero-fills it to the alignment.
     fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
+        self.flush_staging_with(wait, pad, false)
+    }
+
+    /// [`SpillWriter::flush_staging`]; with `inline`, when nothing of this writer is in
+    /// flight, the write runs on the calling thread (the last write of a blocking `finish`,
+    /// which waits for it anyway: two thread hand-offs saved).
+    fn flush_staging_with(
+        &mut self,
+        wait: &mut Wait<'_, '_>,
+        pad: bool,
+        inline: bool,
+    ) -> Poll<Result<()>> {
         if self.staging.as_ref().is_none_or(|b| b.len == 0) {
             return Poll::Ready(Ok(()));
         }
@@ -562,18 +581,36 @@ impl SpillWriter {
             sink: self.tracker.clone(),
             token: seg.entry_index as u64,
         };
+        if inline && self.tracker.st.lock().inflight == 0 {
+            let token = op.token as u32;
+            return match crate::io::psync::perform(&op, &self.core.fault) {
+                Ok(_) => Poll::Ready(Ok(())),
+                Err(e) => Poll::Ready(Err(self.write_error(token, e))),
+            };
+        }
         self.submit(op);
         Poll::Ready(Ok(()))
     }
 
     /// Flushes and seals the open segment: records its length and trims its ticket's quota.
     fn poll_seal(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        self.seal_with(wait, false)
+    }
+
+    fn seal_with(&mut self, wait: &mut Wait<'_, '_>, last: bool) -> Poll<Result<()>> {
         if self.seg.is_none() {
             return Poll::Ready(Ok(()));
         }
         let direct = self.direct;
-        ready_ok!(self.flush_staging(wait, direct));
+        let inline = last && matches!(wait, Wait::Block);
+        ready_ok!(self.flush_staging_with(wait, direct, inline));
         if let Some(seg) = self.seg.take() {
+            if last && seg.allocated > seg.logical.next_multiple_of(DIRECT_ALIGN as u64) {
+                self.trim = Some((
+                    seg.file.clone(),
+                    seg.logical.next_multiple_of(DIRECT_ALIGN as u64),
+                ));
+            }
             let mut f = self.shared.files.lock();
             if let Some(len) = f.lens.get_mut(seg.entry_index) {
                 *len = seg.logical;
@@ -596,7 +633,7 @@ impl SpillWriter {
         }
         let attempts = core.cfg.roots.len();
         let mut attempt = 0;
-        let (dir, seg, ticket, fd) = loop {
+        let (dir, seg, ticket, fd, allocated) = loop {
             attempt += 1;
             let root = core.pick_root();
             let dir = match self.task.dir(root) {
@@ -641,9 +678,22 @@ impl SpillWriter {
                 }
             };
             Counters::add(&core.counters.segments_created, 1);
-            if core.cfg.preallocate
-                && let Err(e) = dir::preallocate(dir::raw(&fd), reserve)
-            {
+            // Direct mode allocates the whole segment up front (file size included): O_DIRECT
+            // writes inside the file size run in parallel under a shared inode lock, where
+            // extending writes serialise. `preallocate` does the same without growing the file.
+            let prealloc = if self.direct {
+                dir::allocate(dir::raw(&fd), reserve)
+            } else if core.cfg.preallocate {
+                dir::preallocate(dir::raw(&fd), reserve)
+            } else {
+                Ok(false)
+            };
+            let allocated = if matches!(prealloc, Ok(true)) && self.direct {
+                reserve
+            } else {
+                0
+            };
+            if let Err(e) = prealloc {
                 drop(fd);
                 self.delete_now(&dir, seg, ticket, false);
                 if core.root_failed(root, &e) && attempt < attempts {
@@ -655,7 +705,7 @@ impl SpillWriter {
                     e,
                 ));
             }
-            break (dir, seg, ticket, fd);
+            break (dir, seg, ticket, fd, allocated);
         };
         // The write-after-delete window: a scope closed right here must not leave this file.
         let task_plan = self.task.fault_plan();
@@ -689,6 +739,7 @@ impl SpillWriter {
         self.staging = Some(buf);
         self.seg = Some(OpenSegment {
             entry_index,
+            allocated,
             file,
             logical: HEADER_LEN as u64,
             staged_at: 0,
@@ -791,7 +842,19 @@ impl SpillWriter {
         delete_segments(&self.core, self.lane, entries);
     }
 
+    /// Gives back the unused tail of the last segment's allocation (direct mode). Runs after
+    /// every write of the writer completed, so it never waits for one.
+    fn trim_last(&mut self) {
+        if let Some((file, len)) = self.trim.take()
+            && let Err(e) = dir::truncate(file.raw(), len)
+        {
+            // Only disk space is at stake: the reader uses the written length.
+            tracing::debug!(error = %e, "trimming the last segment failed");
+        }
+    }
+
     fn release_io(&mut self) {
+        self.trim = None;
         self.placing = None;
         self.staging = None;
         self.seg = None;

@@ -30,13 +30,18 @@ pub(crate) fn spawn(
 }
 
 fn run(op: Op, fault: &Option<Arc<FaultPlan>>) {
-    let res = match injected(fault, &op) {
+    let res = perform(&op, fault);
+    op.complete(res);
+}
+
+/// Runs `op` with plain syscalls on the calling thread, through its fault point.
+pub(crate) fn perform(op: &Op, fault: &Option<Arc<FaultPlan>>) -> io::Result<usize> {
+    match injected(fault, op) {
         Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
         Injected::FailAfter(e) => execute(&op.kind).and(Err(io::Error::from_raw_os_error(e))),
         Injected::Skip => Ok(skip_len(&op.kind)),
         Injected::None => execute(&op.kind),
-    };
-    op.complete(res);
+    }
 }
 
 /// Runs one op with plain syscalls.
