@@ -50,6 +50,8 @@ const _: () = assert!(std::mem::size_of::<Record>() == 16);
 pub(crate) struct SegmentEntry {
     pub dir: Arc<TaskDir>,
     pub seg: u32,
+    /// Written length (set when the segment is sealed).
+    pub len: u64,
     pub ticket: Ticket,
 }
 
@@ -255,15 +257,17 @@ pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<Segmen
     }
     let n = entries.len();
     Counters::add(&core.counters.deletes_in_flight, n as u64);
-    let ops: Vec<(Arc<crate::io::FileHandle>, NameBuf)> = entries
-        .iter()
-        .map(|e| (e.dir.fd.clone(), seg_name(e.seg)))
-        .collect();
     let batch = Arc::new(DeleteBatch {
         core: core.clone(),
+        // `Option<SegmentEntry>` has the size of `SegmentEntry`: this reuses the allocation.
         entries: Mutex::new(entries.into_iter().map(Some).collect()),
     });
-    for (i, (dir, name)) in ops.into_iter().enumerate() {
+    for i in 0..n {
+        // Read under the lock: a completion may already have taken an earlier entry.
+        let target = batch.entries.lock()[i]
+            .as_ref()
+            .map(|e| (e.dir.fd.clone(), seg_name(e.seg)));
+        let Some((dir, name)) = target else { continue };
         core.io.submit(
             lane,
             Op {
@@ -313,7 +317,9 @@ impl OpSink for DeleteBatch {
                 Counters::add(&c.delete_failures, 1);
                 tracing::warn!(path = %entry.path().display(), error = %e,
                     "segment delete failed; handing its name to the cleanup worker");
-                let SegmentEntry { dir, seg, ticket } = entry;
+                let SegmentEntry {
+                    dir, seg, ticket, ..
+                } = entry;
                 self.core.cleanup.retain_file(&dir, seg, ticket.retain());
             }
         }
@@ -472,6 +478,10 @@ enum Work {
     Sweep(PathBuf),
 }
 
+/// Batches up to this size run as plain `unlinkat` calls on the worker's thread; larger ones go
+/// to the ring, whose io-wq workers unlink in parallel.
+const INLINE_BATCH: usize = 64;
+
 /// Deletes one batch of records; returns the ones that failed (whole, in order).
 fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
@@ -492,9 +502,8 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         });
         dirs.push(dir);
         match op {
-            Some((fd, name, rmdir)) => core.io.submit(
-                0,
-                Op {
+            Some((fd, name, rmdir)) => {
+                let op = Op {
                     kind: OpKind::Unlink {
                         dir: fd,
                         name,
@@ -503,8 +512,16 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
                     },
                     sink: sink.clone(),
                     token: i as u64,
-                },
-            ),
+                };
+                if n <= INLINE_BATCH {
+                    // A small batch costs less as plain syscalls on this (the worker's own)
+                    // thread than as two thread hand-offs through a ring.
+                    let res = crate::io::psync::perform(&op, &core.fault);
+                    op.complete(res);
+                } else {
+                    core.io.submit(0, op);
+                }
+            }
             // The directory is gone from the table: nothing of it can be deleted any more.
             None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(libc::ENOENT))),
         }

@@ -10,11 +10,12 @@
 //! engine's reaper thread.
 
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use memmap2::{Advice, Mmap, MmapOptions};
 
+use crate::dir::TaskDir;
 use crate::error::{Result, SpillError};
 use crate::io::{Reaped, Reaper};
 use crate::metrics::Counters;
@@ -47,7 +48,8 @@ struct Mapped {
     /// The segment's written length (the map is shorter if the file was truncated).
     end: usize,
     seg: u32,
-    path: PathBuf,
+    /// The segment's directory, for the path in an error (built only then).
+    dir: Arc<TaskDir>,
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
@@ -97,7 +99,7 @@ impl SpillReader {
                     Ok(None) => self.cur = None,
                     Err(d) => {
                         return Err(SpillError::Corrupt {
-                            path: m.path.clone(),
+                            path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
                             segment: m.seg,
                             offset: d.offset,
                             detail: d.detail,
@@ -105,7 +107,7 @@ impl SpillReader {
                     }
                 }
             }
-            if self.next_seg >= self.grant.0.infos.len() {
+            if self.next_seg >= self.grant.0.segment_count() {
                 return Ok(None);
             }
             self.cur = Some(self.open(self.next_seg)?);
@@ -122,16 +124,19 @@ impl SpillReader {
     /// Maps segment `i` (its written length only) and checks its header.
     fn open(&mut self, i: usize) -> Result<Mapped> {
         let state = &self.grant.0;
-        let info = &state.infos[i];
-        let name = SegmentFileName::new(info.seg);
-        let path = info.dir.path.join(name.as_str());
         if state.is_aborted() {
             return Err(self.aborted());
         }
-        let fd = match crate::dir::open_read_at(info.dir.raw(), name.as_cstr()) {
+        // Gone only through an abort: a reader's grant keeps the files otherwise.
+        let Some((dir, seg, written)) = state.segment(i) else {
+            return Err(self.aborted());
+        };
+        let name = SegmentFileName::new(seg);
+        let path = || dir.path.join(name.as_str());
+        let fd = match crate::dir::open_read_at(dir.raw(), name.as_cstr()) {
             Ok(fd) => fd,
             Err(e) => {
-                let err = open_error(state, path, e);
+                let err = open_error(state, path(), e);
                 if err.is_aborted() {
                     return Err(self.aborted());
                 }
@@ -139,17 +144,17 @@ impl SpillReader {
             }
         };
         let corrupt = |offset, detail| SpillError::Corrupt {
-            path: path.clone(),
-            segment: info.seg,
+            path: path(),
+            segment: seg,
             offset,
             detail,
         };
         let file = std::fs::File::from(fd);
         let size = file
             .metadata()
-            .map_err(|e| SpillError::io("stat", path.clone(), e))?
+            .map_err(|e| SpillError::io("stat", path(), e))?
             .len();
-        let end = usize::try_from(info.len)
+        let end = usize::try_from(written)
             .map_err(|_| corrupt(0, "segment larger than the address space"))?;
         // A truncated file is mapped as far as it goes: records before the cut are returned,
         // the one crossing it is reported at its offset.
@@ -161,12 +166,12 @@ impl SpillReader {
         // and never written or truncated by the engine after its writer finished; the map
         // covers only bytes that exist (`len <= size`).
         let map = unsafe { MmapOptions::new().len(len).map(file.as_raw_fd()) }
-            .map_err(|e| SpillError::io("mmap", path.clone(), e))?;
+            .map_err(|e| SpillError::io("mmap", path(), e))?;
         let _ = map.advise(Advice::Sequential);
         drop(file);
         let hdr = segment::parse_header(&map).map_err(|d| corrupt(0, d))?;
         let core = state.core();
-        if hdr.segment != info.seg || hdr.engine != core.id {
+        if hdr.segment != seg || hdr.engine != core.id {
             return Err(corrupt(0, "header names another segment or engine"));
         }
         let bytes = Bytes::from_owner(MapOwner {
@@ -177,8 +182,8 @@ impl SpillReader {
             bytes,
             off: HEADER_LEN,
             end,
-            seg: info.seg,
-            path,
+            seg,
+            dir,
         })
     }
 }

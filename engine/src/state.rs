@@ -22,14 +22,6 @@ use crate::reader::SpillReader;
 use crate::segment::SegmentFileName;
 use crate::task::{Member, TaskShared};
 
-/// Where one segment is and how long its written data is.
-#[derive(Debug, Clone)]
-pub(crate) struct SegInfo {
-    pub dir: Arc<TaskDir>,
-    pub seg: u32,
-    pub len: u64,
-}
-
 #[derive(Debug)]
 struct Owned {
     entries: Vec<SegmentEntry>,
@@ -41,7 +33,7 @@ struct Owned {
 pub(crate) struct StateInner {
     pub(crate) task: Arc<TaskShared>,
     lane: usize,
-    pub(crate) infos: Vec<SegInfo>,
+    segments: usize,
     owned: Mutex<Owned>,
     /// Set when the scope closed the state: readers report `Aborted`.
     aborted: AtomicBool,
@@ -52,7 +44,7 @@ pub(crate) struct StateInner {
 impl std::fmt::Debug for StateInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpilledState")
-            .field("segments", &self.infos.len())
+            .field("segments", &self.segments)
             .field("bytes", &self.bytes)
             .field("aborted", &self.is_aborted())
             .finish()
@@ -66,6 +58,16 @@ impl StateInner {
 
     pub(crate) fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Where segment `i` is and its written length; `None` once the files are gone.
+    pub(crate) fn segment(&self, i: usize) -> Option<(Arc<TaskDir>, u32, u64)> {
+        let o = self.owned.lock();
+        o.entries.get(i).map(|e| (e.dir.clone(), e.seg, e.len))
+    }
+
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments
     }
 
     /// Takes a grant unless the files are already gone.
@@ -124,14 +126,13 @@ impl SpilledState {
         task: Arc<TaskShared>,
         lane: usize,
         entries: Vec<SegmentEntry>,
-        infos: Vec<SegInfo>,
         register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
     ) -> Result<Self> {
-        let bytes = infos.iter().map(|i| i.len).sum();
+        let bytes = entries.iter().map(|e| e.len).sum();
         let inner = Arc::new(StateInner {
             task,
             lane,
-            infos,
+            segments: entries.len(),
             owned: Mutex::new(Owned {
                 entries,
                 grants: 1,
@@ -171,7 +172,7 @@ impl SpilledState {
 
     /// Number of segment files.
     pub fn segments(&self) -> usize {
-        self.inner().infos.len()
+        self.inner().segments
     }
 
     /// Bytes in the segment files (headers and framing included, padding excluded).
@@ -184,13 +185,10 @@ impl SpilledState {
         self.inner().is_aborted()
     }
 
-    /// Paths of the segment files, in order.
+    /// Paths of the segment files, in order (empty once they are deleted).
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.inner()
-            .infos
-            .iter()
-            .map(|i| i.dir.path.join(SegmentFileName::new(i.seg).as_str()))
-            .collect()
+        let o = self.inner().owned.lock();
+        o.entries.iter().map(SegmentEntry::path).collect()
     }
 
     /// Moves the segment files into `dest` (a directory the caller owns, on the same

@@ -30,15 +30,13 @@ use crate::fault::{self, FaultPoint, Injected};
 use crate::io::{FileHandle, IoBuf, Op, OpKind, OpSink, WriteData};
 use crate::metrics::Counters;
 use crate::segment::{self, FRAME_LEN, HEADER_LEN, MAX_RECORD, SegmentFileName};
-use crate::state::{SegInfo, SpilledState};
+use crate::state::SpilledState;
 use crate::task::{Member, TaskShared};
 
 /// The files a writer created, shared with its abort hook.
 #[derive(Debug, Default)]
 struct Files {
     entries: Vec<SegmentEntry>,
-    /// Logical length of each entry's segment (set when it is sealed).
-    lens: Vec<u64>,
     /// The hook ran: everything in `entries` was taken and deleted by it.
     aborted: bool,
     /// The files went to a `SpilledState` or were deleted by the writer itself.
@@ -51,7 +49,13 @@ pub(crate) struct WriterShared {
     lane: usize,
     files: Mutex<Files>,
     aborted: AtomicBool,
-    tracker: Arc<Tracker>,
+    tracker: Tracker,
+}
+
+impl OpSink for WriterShared {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        self.tracker.complete(token, res);
+    }
 }
 
 impl Member for WriterShared {
@@ -64,7 +68,6 @@ impl Member for WriterShared {
             if f.released {
                 return;
             }
-            f.lens.clear();
             std::mem::take(&mut f.entries)
         };
         // Wake a writer blocked on its in-flight budget: it returns `Aborted` now instead of
@@ -93,7 +96,7 @@ struct TrackState {
     waker: Option<Waker>,
 }
 
-impl OpSink for Tracker {
+impl Tracker {
     fn complete(&self, token: u64, res: io::Result<usize>) {
         let waker = {
             let mut s = self.st.lock();
@@ -150,7 +153,6 @@ pub struct SpillWriter {
     core: Arc<Core>,
     shared: Arc<WriterShared>,
     hook_id: u64,
-    tracker: Arc<Tracker>,
     lane: usize,
     seg: Option<OpenSegment>,
     staging: Option<IoBuf>,
@@ -202,13 +204,12 @@ impl SpillWriter {
     pub(crate) fn new(task: Arc<TaskShared>) -> Result<Self> {
         let core = task.core().clone();
         let lane = core.io.pick_lane();
-        let tracker = Arc::new(Tracker::default());
         let shared = Arc::new(WriterShared {
             core: core.clone(),
             lane,
             files: Mutex::new(Files::default()),
             aborted: AtomicBool::new(false),
-            tracker: tracker.clone(),
+            tracker: Tracker::default(),
         });
         let hook_id = task
             .register(shared.clone())
@@ -222,7 +223,6 @@ impl SpillWriter {
             task,
             shared,
             hook_id,
-            tracker,
             lane,
             seg: None,
             staging: None,
@@ -381,7 +381,7 @@ impl SpillWriter {
                         payload: p.rec.clone(),
                     },
                 },
-                sink: self.tracker.clone(),
+                sink: self.shared.clone(),
                 token: seg.entry_index as u64,
             };
             self.submit(op);
@@ -473,7 +473,7 @@ impl SpillWriter {
     /// Waits until this writer may have one more write in flight. Reports an earlier write's
     /// failure.
     fn poll_slot(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let mut s = self.tracker.st.lock();
+        let mut s = self.shared.tracker.st.lock();
         loop {
             if self.shared.aborted.load(Ordering::Acquire) {
                 return Poll::Ready(Err(SpillError::Aborted));
@@ -486,7 +486,7 @@ impl SpillWriter {
                 return Poll::Ready(Ok(()));
             }
             match wait {
-                Wait::Block => self.tracker.cv.wait(&mut s),
+                Wait::Block => self.shared.tracker.cv.wait(&mut s),
                 Wait::Async(cx) => {
                     s.waker = Some(cx.waker().clone());
                     return Poll::Pending;
@@ -497,7 +497,7 @@ impl SpillWriter {
 
     /// Waits until nothing of this writer is in flight.
     fn poll_drained(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let mut s = self.tracker.st.lock();
+        let mut s = self.shared.tracker.st.lock();
         loop {
             if self.shared.aborted.load(Ordering::Acquire) {
                 return Poll::Ready(Err(SpillError::Aborted));
@@ -510,7 +510,7 @@ impl SpillWriter {
                 return Poll::Ready(Ok(()));
             }
             match wait {
-                Wait::Block => self.tracker.cv.wait(&mut s),
+                Wait::Block => self.shared.tracker.cv.wait(&mut s),
                 Wait::Async(cx) => {
                     s.waker = Some(cx.waker().clone());
                     return Poll::Pending;
@@ -538,7 +538,7 @@ impl SpillWriter {
     }
 
     fn submit(&mut self, op: Op) {
-        self.tracker.st.lock().inflight += 1;
+        self.shared.tracker.st.lock().inflight += 1;
         self.core.io.submit(self.lane, op);
     }
 
@@ -578,10 +578,10 @@ impl SpillWriter {
                 offset,
                 data: WriteData::Staged(buf),
             },
-            sink: self.tracker.clone(),
+            sink: self.shared.clone(),
             token: seg.entry_index as u64,
         };
-        if inline && self.tracker.st.lock().inflight == 0 {
+        if inline && self.shared.tracker.st.lock().inflight == 0 {
             let token = op.token as u32;
             return match crate::io::psync::perform(&op, &self.core.fault) {
                 Ok(_) => Poll::Ready(Ok(())),
@@ -612,10 +612,8 @@ impl SpillWriter {
                 ));
             }
             let mut f = self.shared.files.lock();
-            if let Some(len) = f.lens.get_mut(seg.entry_index) {
-                *len = seg.logical;
-            }
             if let Some(e) = f.entries.get_mut(seg.entry_index) {
+                e.len = seg.logical;
                 e.ticket.shrink_to(seg.logical);
             }
         }
@@ -725,9 +723,9 @@ impl SpillWriter {
             f.entries.push(SegmentEntry {
                 dir: dir.clone(),
                 seg,
+                len: 0,
                 ticket,
             });
-            f.lens.push(0);
             f.entries.len() - 1
         };
         let file = FileHandle::new(fd, core.reaper.clone());
@@ -773,14 +771,14 @@ impl SpillWriter {
 
     /// Hands the files to a new `SpilledState` registered in this writer's place.
     fn hand_off(mut self) -> Result<SpilledState> {
-        let (entries, lens) = {
+        let entries = {
             let mut f = self.shared.files.lock();
             if f.aborted {
                 drop(f);
                 return Err(self.observe_abort());
             }
             f.released = true;
-            (std::mem::take(&mut f.entries), std::mem::take(&mut f.lens))
+            std::mem::take(&mut f.entries)
         };
         self.life = Life::Finished;
         let task_plan = self.task.fault_plan();
@@ -789,16 +787,7 @@ impl SpillWriter {
             &self.core.fault,
             FaultPoint::WriterHandOff,
         );
-        let infos: Vec<SegInfo> = entries
-            .iter()
-            .zip(&lens)
-            .map(|(e, &len)| SegInfo {
-                dir: e.dir.clone(),
-                seg: e.seg,
-                len,
-            })
-            .collect();
-        let r = SpilledState::register(self.task.clone(), self.lane, entries, infos, |m| {
+        let r = SpilledState::register(self.task.clone(), self.lane, entries, |m| {
             self.task.replace(self.hook_id, m)
         });
         if r.is_err() {
@@ -836,7 +825,6 @@ impl SpillWriter {
                 return;
             }
             f.released = true;
-            f.lens.clear();
             std::mem::take(&mut f.entries)
         };
         delete_segments(&self.core, self.lane, entries);
