@@ -330,6 +330,7 @@ impl Engine {
         let setup = IoSetup {
             threads: cfg.ring_threads,
             ring_entries: cfg.ring_entries,
+            channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
             pool: pool.clone(),
             fault: cfg.fault_plan.clone(),
         };

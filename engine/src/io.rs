@@ -199,8 +199,37 @@ pub(crate) trait Wake: Send + Sync {
 }
 
 struct Lane {
+    id: usize,
     tx: Sender<Msg>,
     wake: Arc<dyn Wake>,
+}
+
+static LANE_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The lane this thread serves, if it is an I/O thread.
+    static CURRENT_LANE: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    /// Ops an I/O thread submitted to its own full lane (from a completion handler): it cannot
+    /// wait for room in a channel only it drains.
+    static OVERFLOW: std::cell::RefCell<std::collections::VecDeque<Op>> =
+        const { std::cell::RefCell::new(std::collections::VecDeque::new()) };
+}
+
+/// Marks the calling thread as the I/O thread of lane `id`.
+pub(crate) fn enter_lane(id: usize) {
+    CURRENT_LANE.with(|c| c.set(id));
+}
+
+/// Takes the ops this I/O thread queued to itself.
+pub(crate) fn take_overflow(into: &mut impl Extend<Op>) {
+    OVERFLOW.with(|o| into.extend(o.borrow_mut().drain(..)));
+}
+
+/// A bounded channel for one lane: its slots are allocated once, so queuing an op allocates
+/// nothing.
+pub(crate) fn lane_channel(capacity: usize) -> (usize, Sender<Msg>, Receiver<Msg>) {
+    let (tx, rx) = crossbeam_channel::bounded(capacity);
+    (LANE_SEQ.fetch_add(1, Ordering::Relaxed), tx, rx)
 }
 
 /// The engine's handle on its I/O threads.
@@ -224,6 +253,8 @@ impl std::fmt::Debug for IoHandle {
 pub(crate) struct IoSetup {
     pub threads: usize,
     pub ring_entries: u32,
+    /// Ops a lane's channel holds before senders wait.
+    pub channel_capacity: usize,
     pub pool: Arc<BufferPool>,
     pub fault: Option<Arc<FaultPlan>>,
 }
@@ -234,9 +265,9 @@ impl IoHandle {
         let mut lanes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..setup.threads {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let (wake, join) = uring::spawn(i, rx, setup)?;
-            lanes.push(Lane { tx, wake });
+            let (id, tx, rx) = lane_channel(setup.channel_capacity);
+            let (wake, join) = uring::spawn(i, id, rx, setup)?;
+            lanes.push(Lane { id, tx, wake });
             threads.push(join);
         }
         Ok(Self::assemble(lanes, threads, "io_uring"))
@@ -247,9 +278,10 @@ impl IoHandle {
         let mut lanes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..setup.threads {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let join = psync::spawn(i, rx, setup.fault.clone())?;
+            let (id, tx, rx) = lane_channel(setup.channel_capacity);
+            let join = psync::spawn(i, id, rx, setup.fault.clone())?;
             lanes.push(Lane {
+                id,
                 tx,
                 wake: Arc::new(NoWake),
             });
@@ -281,6 +313,24 @@ impl IoHandle {
     /// at once with an error, on this thread.
     pub(crate) fn submit(&self, lane: usize, op: Op) {
         let lane = &self.lanes[lane % self.lanes.len()];
+        let msg = match lane.tx.try_send(Msg::Op(op)) {
+            Ok(()) => return lane.wake.wake(),
+            Err(crossbeam_channel::TrySendError::Full(msg)) => msg,
+            Err(crossbeam_channel::TrySendError::Disconnected(msg)) => {
+                if let Msg::Op(op) = msg {
+                    op.complete(Err(shut_down()));
+                }
+                return;
+            }
+        };
+        let Msg::Op(op) = msg else { return };
+        if CURRENT_LANE.with(|c| c.get()) == lane.id {
+            // The lane's own thread, from a completion: it drains this before sleeping.
+            OVERFLOW.with(|o| o.borrow_mut().push_back(op));
+            return;
+        }
+        // Back-pressure: wait for room.
+        lane.wake.wake();
         match lane.tx.send(Msg::Op(op)) {
             Ok(()) => lane.wake.wake(),
             Err(crossbeam_channel::SendError(Msg::Op(op))) => op.complete(Err(shut_down())),
@@ -455,6 +505,9 @@ pub(crate) enum Reaped {
     Flush(Sender<()>),
 }
 
+/// Items the reaper queue holds before `reap` drops inline.
+const REAPER_CAPACITY: usize = 4096;
+
 /// Sends slow drops to the reaper thread; drops inline when the thread is gone.
 #[derive(Debug, Clone)]
 pub(crate) struct Reaper {
@@ -464,7 +517,7 @@ pub(crate) struct Reaper {
 impl Reaper {
     /// Starts the reaper thread.
     pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Reaped>();
+        let (tx, rx) = crossbeam_channel::bounded::<Reaped>(REAPER_CAPACITY);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
         let join = std::thread::Builder::new()
             .name("spillring-reaper".into())
@@ -495,11 +548,13 @@ impl Reaper {
         ))
     }
 
+    /// Hands `item` to the reaper thread; drops it here if the reaper is gone or
+    /// [`REAPER_CAPACITY`] items are already waiting (never blocks).
     pub(crate) fn reap(&self, item: Reaped) {
         if let Some(tx) = &self.tx
-            && let Err(crossbeam_channel::SendError(item)) = tx.send(item)
+            && let Err(e) = tx.try_send(item)
         {
-            drop(item);
+            drop(e.into_inner());
         }
     }
 

@@ -8,21 +8,45 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
-use super::{Msg, Op, OpKind, WriteData, fail_remaining, injected, pwrite_all, skip_len};
+use super::{
+    Msg, Op, OpKind, WriteData, enter_lane, fail_remaining, injected, pwrite_all, skip_len,
+    take_overflow,
+};
 use crate::fault::{FaultPlan, Injected};
 
 pub(crate) fn spawn(
     index: usize,
+    lane: usize,
     rx: Receiver<Msg>,
     fault: Option<Arc<FaultPlan>>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("spillring-psync-{index}"))
         .spawn(move || {
-            while let Ok(msg) = rx.recv() {
+            enter_lane(lane);
+            let mut own = std::collections::VecDeque::new();
+            let mut stopping = false;
+            loop {
+                // Ops this thread queued to itself (from completions) come first.
+                take_overflow(&mut own);
+                if let Some(op) = own.pop_front() {
+                    run(op, &fault);
+                    continue;
+                }
+                let msg = if stopping {
+                    match rx.try_recv() {
+                        Ok(m) => m,
+                        Err(_) => break,
+                    }
+                } else {
+                    match rx.recv() {
+                        Ok(m) => m,
+                        Err(_) => break,
+                    }
+                };
                 match msg {
                     Msg::Op(op) => run(op, &fault),
-                    Msg::Shutdown => break,
+                    Msg::Shutdown => stopping = true,
                 }
             }
             fail_remaining(&rx);

@@ -93,6 +93,7 @@ unsafe impl Send for Ring {}
 /// its thread.
 pub(crate) fn spawn(
     index: usize,
+    lane: usize,
     rx: Receiver<Msg>,
     setup: &IoSetup,
 ) -> io::Result<(Arc<dyn Wake>, JoinHandle<()>)> {
@@ -157,7 +158,10 @@ pub(crate) fn spawn(
     };
     let join = std::thread::Builder::new()
         .name(format!("spillring-ring-{index}"))
-        .spawn(move || r.run())?;
+        .spawn(move || {
+            super::enter_lane(lane);
+            r.run()
+        })?;
     Ok((wake, join))
 }
 
@@ -179,6 +183,7 @@ impl Ring {
                     }
                 }
             }
+            super::take_overflow(&mut self.backlog);
             while !self.free.is_empty() {
                 let Some(op) = self.backlog.pop_front() else {
                     break;
