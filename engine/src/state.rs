@@ -28,6 +28,8 @@ struct Owned {
     grants: usize,
     /// Files released: deleted, queued for deletion, or published.
     done: bool,
+    /// The files went to the caller by `publish`.
+    published: bool,
 }
 
 pub(crate) struct StateInner {
@@ -73,6 +75,11 @@ impl StateInner {
     /// Takes a grant unless the files are already gone.
     fn acquire(&self) -> Result<()> {
         let mut o = self.owned.lock();
+        if o.published {
+            return Err(SpillError::Closed {
+                what: "published state",
+            });
+        }
         if o.done || self.is_aborted() {
             return Err(SpillError::Aborted);
         }
@@ -137,6 +144,7 @@ impl SpilledState {
                 entries,
                 grants: 1,
                 done: false,
+                published: false,
             }),
             aborted: AtomicBool::new(false),
             scope_id: AtomicU64::new(0),
@@ -194,20 +202,27 @@ impl SpilledState {
     /// Moves the segment files into `dest` (a directory the caller owns, on the same
     /// filesystem as the spill root), named `<prefix>-NNNNNN.bin`, and returns their new
     /// paths. The engine forgets them: their tickets are released and nothing of the engine
-    /// will delete them. Needs the only grant (no reader alive); fails with `Aborted` after a
-    /// cancel. If a rename fails, the files already moved stay with the caller (their paths
-    /// are in the error's log line) and the rest are deleted.
-    pub fn publish(self, dest: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
-        let inner = self.inner().clone();
-        // Open the destination first: a bad destination must not lose the files.
-        let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
-        if prefix.contains('/') || prefix.contains('\0') {
+    /// will delete them; the state then holds no files (`reader` fails with `Closed`).
+    /// Needs the only grant (no reader or clone alive); `Aborted` after a cancel.
+    ///
+    /// A bad destination or prefix changes nothing. If a rename fails after others succeeded,
+    /// the files already moved stay with the caller (their paths are logged) and the rest
+    /// are deleted.
+    pub fn publish(&self, dest: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+        let inner = self.inner();
+        if prefix.is_empty() || prefix.contains('/') || prefix.contains('\0') {
             return Err(SpillError::InvalidConfig(format!(
-                "publish prefix {prefix:?} must be a plain file name prefix"
+                "publish prefix {prefix:?} must be a plain, non-empty file name prefix"
             )));
         }
+        let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         let entries = {
             let mut o = inner.owned.lock();
+            if o.published {
+                return Err(SpillError::Closed {
+                    what: "published state",
+                });
+            }
             if o.done || inner.is_aborted() {
                 return Err(SpillError::Aborted);
             }
@@ -219,44 +234,75 @@ impl SpilledState {
             o.done = true;
             std::mem::take(&mut o.entries)
         };
-        // Releasing this grant now finds the files gone (`done`) and deletes nothing.
-        drop(self);
-        inner
-            .task
-            .unregister(inner.scope_id.load(Ordering::Acquire));
         let core = inner.core().clone();
-        let mut out = Vec::with_capacity(entries.len());
-        let mut rest = entries.into_iter();
-        for (i, e) in rest.by_ref().enumerate() {
-            let from = SegmentFileName::new(e.seg);
+        let mut moved = 0;
+        let mut failure: Option<SpillError> = None;
+        for (i, e) in entries.iter().enumerate() {
             let to_name = format!("{prefix}-{i:06}.bin");
             let res = CString::new(to_name.clone())
                 .map_err(|_| SpillError::InvalidConfig("publish prefix contains a NUL".into()))
                 .and_then(|to| {
+                    let from = SegmentFileName::new(e.seg);
                     dir::rename_at(e.dir.raw(), from.as_cstr(), dir::raw(&dest_fd), &to)
                         .map_err(|err| SpillError::io("publish", dest.join(&to_name), err))
                 });
-            match res {
-                Ok(()) => {
-                    Counters::add(&core.counters.files_published, 1);
-                    out.push(dest.join(to_name));
-                    let SegmentEntry { dir, ticket, .. } = e;
-                    drop(ticket);
-                    if dir.file_gone() == DirNext::Remove {
-                        remove_dir(&core, &dir.entry);
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(published = ?out, error = %err, "publish failed part way");
-                    let mut left = vec![e];
-                    left.extend(rest);
-                    delete_segments(&core, inner.lane, left);
-                    return Err(err);
-                }
+            if let Err(err) = res {
+                failure = Some(err);
+                break;
             }
+            moved += 1;
         }
+        if let Some(err) = failure.take_if(|_| moved == 0) {
+            // Nothing moved: the state keeps its files, as if publish had not been called
+            // (unless the scope closed meanwhile: then they go the way of an abort).
+            let mut o = inner.owned.lock();
+            if inner.is_aborted() {
+                drop(o);
+                delete_segments(&core, inner.lane, entries);
+            } else {
+                o.entries = entries;
+                o.done = false;
+            }
+            return Err(err);
+        } else if let Some(err) = failure {
+            let mut rest = entries;
+            let published: Vec<SegmentEntry> = rest.drain(..moved).collect();
+            let out = forget_published(&core, dest, prefix, published);
+            tracing::warn!(published = ?out, error = %err, "publish failed part way; the rest are deleted");
+            delete_segments(&core, inner.lane, rest);
+            inner.owned.lock().published = true;
+            inner
+                .task
+                .unregister(inner.scope_id.load(Ordering::Acquire));
+            return Err(err);
+        }
+        let out = forget_published(&core, dest, prefix, entries);
+        inner.owned.lock().published = true;
+        inner
+            .task
+            .unregister(inner.scope_id.load(Ordering::Acquire));
         Ok(out)
     }
+}
+
+/// Releases the tickets of files moved to the caller; returns their new paths.
+fn forget_published(
+    core: &Arc<Core>,
+    dest: &Path,
+    prefix: &str,
+    entries: Vec<SegmentEntry>,
+) -> Vec<PathBuf> {
+    let mut out = Vec::with_capacity(entries.len());
+    for (i, e) in entries.into_iter().enumerate() {
+        Counters::add(&core.counters.files_published, 1);
+        out.push(dest.join(format!("{prefix}-{i:06}.bin")));
+        let SegmentEntry { dir, ticket, .. } = e;
+        drop(ticket);
+        if dir.file_gone() == DirNext::Remove {
+            remove_dir(core, &dir.entry);
+        }
+    }
+    out
 }
 
 impl Clone for SpilledState {
