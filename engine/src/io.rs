@@ -398,6 +398,14 @@ impl IoBuf {
         }
     }
 
+    /// The first `n` bytes (filled or not).
+    pub(crate) fn filled_to(&self, n: usize) -> &[u8] {
+        match self.map.as_ref() {
+            Some(m) => &m[..n.min(m.len())],
+            None => &[],
+        }
+    }
+
     /// The filled part.
     pub(crate) fn filled(&self) -> &[u8] {
         match self.map.as_ref() {
@@ -450,6 +458,11 @@ impl BufferPool {
             plain: Mutex::new(Vec::new()),
             next_slot: AtomicUsize::new(0),
         })
+    }
+
+    /// Bytes in one buffer.
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        self.size
     }
 
     pub(crate) fn max_slots(&self) -> usize {

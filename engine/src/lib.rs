@@ -63,4 +63,4 @@ pub use reader::SpillReader;
 pub use state::SpilledState;
 pub use sweep::{PROC_PREFIX, proc_dir_name};
 pub use task::TaskSpill;
-pub use writer::SpillWriter;
+pub use writer::{RecordSlot, SpillWriter};
