@@ -598,13 +598,36 @@ impl ReaperThread {
     }
 }
 
-/// Writes all of `buf` at `offset` with `pwrite`, continuing short writes.
-pub(crate) fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> io::Result<usize> {
-    let total = buf.len();
-    while !buf.is_empty() {
-        // SAFETY: `buf` is a live slice for the duration of the call; the kernel reads at most
-        // `buf.len()` bytes from it.
-        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
+/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
+pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
+    let (a, b): (&[u8], &[u8]) = if done < head.len() {
+        (&head[done..], tail)
+    } else {
+        (&tail[done - head.len()..], &[])
+    };
+    let iov = |s: &[u8]| libc::iovec {
+        iov_base: s.as_ptr() as *mut libc::c_void,
+        iov_len: s.len(),
+    };
+    ([iov(a), iov(b)], if b.is_empty() { 1 } else { 2 })
+}
+
+/// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
+pub(crate) fn pwrite_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<usize> {
+    let total = head.len() + tail.len();
+    let mut done = 0usize;
+    while done < total {
+        let (iov, cnt) = iovecs_after(head, tail, done);
+        // SAFETY: the iovecs point into `head` and `tail`, which live for the call; the kernel
+        // only reads from them.
+        let n = unsafe {
+            libc::pwritev(
+                fd,
+                iov.as_ptr(),
+                cnt as libc::c_int,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -615,8 +638,7 @@ pub(crate) fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> io::Resu
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero));
         }
-        buf = &buf[n as usize..];
-        offset += n as u64;
+        done += n as usize;
     }
     Ok(total)
 }

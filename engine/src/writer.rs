@@ -473,30 +473,18 @@ impl SpillWriter {
     /// Waits until this writer may have one more write in flight. Reports an earlier write's
     /// failure.
     fn poll_slot(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let mut s = self.shared.tracker.st.lock();
-        loop {
-            if self.shared.aborted.load(Ordering::Acquire) {
-                return Poll::Ready(Err(SpillError::Aborted));
-            }
-            if let Some((idx, e)) = s.error.take() {
-                drop(s);
-                return Poll::Ready(Err(self.write_error(idx, e)));
-            }
-            if s.inflight < self.queue_depth {
-                return Poll::Ready(Ok(()));
-            }
-            match wait {
-                Wait::Block => self.shared.tracker.cv.wait(&mut s),
-                Wait::Async(cx) => {
-                    s.waker = Some(cx.waker().clone());
-                    return Poll::Pending;
-                }
-            }
-        }
+        let depth = self.queue_depth;
+        self.poll_inflight_below(depth, wait)
     }
 
     /// Waits until nothing of this writer is in flight.
     fn poll_drained(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        self.poll_inflight_below(1, wait)
+    }
+
+    /// Waits until fewer than `limit` writes are in flight; an abort or an earlier write's
+    /// failure ends the wait.
+    fn poll_inflight_below(&mut self, limit: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let mut s = self.shared.tracker.st.lock();
         loop {
             if self.shared.aborted.load(Ordering::Acquire) {
@@ -506,7 +494,7 @@ impl SpillWriter {
                 drop(s);
                 return Poll::Ready(Err(self.write_error(idx, e)));
             }
-            if s.inflight == 0 {
+            if s.inflight < limit {
                 return Poll::Ready(Ok(()));
             }
             match wait {

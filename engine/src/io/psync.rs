@@ -2,7 +2,6 @@
 //! thread of the engine's, so callers keep write-behind semantics without io_uring.
 
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -72,10 +71,8 @@ pub(crate) fn perform(op: &Op, fault: &Option<Arc<FaultPlan>>) -> io::Result<usi
 pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
     match kind {
         OpKind::Write { file, offset, data } => match data {
-            WriteData::Staged(buf) => pwrite_all(file.raw(), buf.filled(), *offset),
-            WriteData::Framed { frame, payload } => {
-                pwritev2_all(file.raw(), frame, payload, *offset)
-            }
+            WriteData::Staged(buf) => pwrite_all(file.raw(), buf.filled(), &[], *offset),
+            WriteData::Framed { frame, payload } => pwrite_all(file.raw(), frame, payload, *offset),
         },
         OpKind::Unlink {
             dir, name, rmdir, ..
@@ -90,43 +87,4 @@ pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
             }
         }
     }
-}
-
-/// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
-fn pwritev2_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<usize> {
-    let total = head.len() + tail.len();
-    let mut done = 0usize;
-    while done < total {
-        let (a, b): (&[u8], &[u8]) = if done < head.len() {
-            (&head[done..], tail)
-        } else {
-            (&tail[done - head.len()..], &[])
-        };
-        let iov = [
-            libc::iovec {
-                iov_base: a.as_ptr() as *mut libc::c_void,
-                iov_len: a.len(),
-            },
-            libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            },
-        ];
-        let cnt = if b.is_empty() { 1 } else { 2 };
-        // SAFETY: both iovecs point into slices that live for the call; the kernel only reads.
-        let n =
-            unsafe { libc::pwritev(fd, iov.as_ptr(), cnt, (offset + done as u64) as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::WriteZero));
-        }
-        done += n as usize;
-    }
-    Ok(total)
 }

@@ -321,22 +321,8 @@ impl Ring {
                         }
                     }
                     WriteData::Framed { frame, payload } => {
-                        let (a, b): (&[u8], &[u8]) = if slot.done < frame.len() {
-                            (&frame[slot.done..], &payload[..])
-                        } else {
-                            (&payload[slot.done - frame.len()..], &[])
-                        };
-                        slot.iov = [
-                            libc::iovec {
-                                iov_base: a.as_ptr() as *mut libc::c_void,
-                                iov_len: a.len(),
-                            },
-                            libc::iovec {
-                                iov_base: b.as_ptr() as *mut libc::c_void,
-                                iov_len: b.len(),
-                            },
-                        ];
-                        let cnt = if b.is_empty() { 1 } else { 2 };
+                        let (iov, cnt) = super::iovecs_after(frame, payload, slot.done);
+                        slot.iov = iov;
                         opcode::Writev::new(fd, slot.iov.as_ptr(), cnt)
                             .offset(off)
                             .build()
