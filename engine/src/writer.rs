@@ -733,28 +733,20 @@ impl SpillWriter {
         Ok(())
     }
 
-    /// Deletes a file this writer just created and nobody else knows of (it is empty: cheap to
-    /// unlink here). A failed unlink hands the name to the cleanup worker.
+    /// Deletes a file this writer just created and nobody else knows of. Queued like every
+    /// other delete (a direct-mode segment is already allocated, and freeing its blocks can
+    /// take milliseconds): never on the caller's thread.
     fn delete_now(&self, dir: &Arc<TaskDir>, seg: u32, ticket: crate::ledger::Ticket, late: bool) {
-        let name = SegmentFileName::new(seg);
-        match dir::unlink_at(dir.raw(), name.as_cstr(), false) {
-            Ok(()) => {
-                if late {
-                    Counters::add(&self.core.counters.late_files_deleted, 1);
-                }
-                Counters::add(&self.core.counters.files_deleted, 1);
-                drop(ticket);
-                if dir.file_gone() == DirNext::Remove {
-                    remove_dir(&self.core, &dir.entry);
-                }
-            }
-            Err(e) => {
-                Counters::add(&self.core.counters.delete_failures, 1);
-                tracing::warn!(path = %dir.path.join(name.as_str()).display(), error = %e,
-                    "delete of a just-created segment failed; handing it to the cleanup worker");
-                self.core.cleanup.retain_file(dir, seg, ticket.retain());
-            }
+        if late {
+            Counters::add(&self.core.counters.late_files_deleted, 1);
         }
+        let entry = SegmentEntry {
+            dir: dir.clone(),
+            seg,
+            len: 0,
+            ticket,
+        };
+        delete_segments(&self.core, self.lane, vec![entry]);
     }
 
     /// Hands the files to a new `SpilledState` registered in this writer's place.

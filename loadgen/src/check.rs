@@ -1,0 +1,312 @@
+//! The invariants, checked against the filesystem and the process itself rather than the
+//! engine's counters: segment files and directories under the root, segment headers (which
+//! engine wrote a file), the content of published files (parsed here, independently of the
+//! engine's reader), open fds and mapped segments.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read as _};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use spillring::segment::{self, HEADER_LEN};
+
+use crate::data::Expect;
+
+/// True for a segment file's name (`spill-segment-NNNNNN.bin`).
+pub fn is_segment_name(name: &str) -> bool {
+    name.starts_with("spill-segment-") && name.ends_with(".bin")
+}
+
+/// What a walk of a root found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Segment files (leaks, once the engine has settled).
+    pub segment_files: Vec<PathBuf>,
+    /// Other files.
+    pub other_files: Vec<PathBuf>,
+    /// Directories, deepest last.
+    pub dirs: Vec<PathBuf>,
+    /// Process directories of other live engines, not looked into.
+    pub live_dirs: Vec<PathBuf>,
+}
+
+impl Scan {
+    pub fn is_empty(&self) -> bool {
+        self.segment_files.is_empty() && self.other_files.is_empty() && self.dirs.is_empty()
+    }
+}
+
+/// True if another open file description holds the `flock` of directory `p` (a live engine).
+pub fn is_locked(p: &Path) -> bool {
+    match File::open(p) {
+        Ok(f) => matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
+/// Walks `root`. Top-level `spillring-*` directories locked by a live engine are skipped
+/// unless listed in `ours`; paths in `exclude` are skipped.
+pub fn scan_root(root: &Path, ours: &[PathBuf], exclude: &[PathBuf]) -> io::Result<Scan> {
+    let mut s = Scan::default();
+    let mut stack = Vec::new();
+    for e in std::fs::read_dir(root)? {
+        let e = e?;
+        let p = e.path();
+        if exclude.contains(&p) {
+            continue;
+        }
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if e.file_type()?.is_dir() {
+            if name.starts_with(spillring::PROC_PREFIX) && !ours.contains(&p) && is_locked(&p) {
+                s.live_dirs.push(p);
+                continue;
+            }
+            s.dirs.push(p.clone());
+            stack.push(p);
+        } else if is_segment_name(&name) {
+            s.segment_files.push(p);
+        } else {
+            s.other_files.push(p);
+        }
+    }
+    while let Some(d) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            // Removed while we looked (the engine is still cleaning up): nothing in it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for e in rd {
+            let Ok(e) = e else { continue };
+            let p = e.path();
+            if exclude.contains(&p) {
+                continue;
+            }
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                // A live engine's directory under a sub-root (several roots in one tree).
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(spillring::PROC_PREFIX)
+                    && !ours.contains(&p)
+                    && is_locked(&p)
+                {
+                    s.live_dirs.push(p);
+                    continue;
+                }
+                s.dirs.push(p.clone());
+                stack.push(p);
+            } else if is_segment_name(&e.file_name().to_string_lossy()) {
+                s.segment_files.push(p);
+            } else {
+                s.other_files.push(p);
+            }
+        }
+    }
+    s.segment_files.sort();
+    s.other_files.sort();
+    Ok(s)
+}
+
+/// The id of the engine that wrote segment file `p`, from its header.
+pub fn segment_engine(p: &Path) -> Option<u64> {
+    let mut f = File::open(p).ok()?;
+    let mut h = [0u8; HEADER_LEN];
+    f.read_exact(&mut h).ok()?;
+    segment::parse_header(&h).ok().map(|h| h.engine)
+}
+
+/// Parses a process directory name (`spillring-<16 hex>`) into its engine id.
+pub fn proc_dir_engine(p: &Path) -> Option<u64> {
+    let name = p.file_name()?.to_str()?;
+    u64::from_str_radix(name.strip_prefix(spillring::PROC_PREFIX)?, 16).ok()
+}
+
+/// A file's identity, to tell that a published file is still the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+}
+
+pub fn file_id(p: &Path) -> io::Result<FileId> {
+    let m = std::fs::symlink_metadata(p)?;
+    Ok(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+    })
+}
+
+/// Parses published segment files, in order, with loadgen's own parser of the documented
+/// format (header, then `len u32 | crc32c u32 | payload` frames, then zero padding in direct
+/// mode), and compares every record with what was written.
+pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), String> {
+    let mut i = 0usize;
+    for p in paths {
+        let buf = std::fs::read(p).map_err(|e| format!("{}: read: {e}", p.display()))?;
+        segment::parse_header(&buf).map_err(|e| format!("{}: header: {e}", p.display()))?;
+        let mut off = HEADER_LEN;
+        while off + 8 <= buf.len() {
+            let len = u32::from_le_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]);
+            let crc = u32::from_le_bytes([buf[off + 4], buf[off + 5], buf[off + 6], buf[off + 7]]);
+            if len == 0 && crc == 0 {
+                // Direct-mode padding: zeros to the end.
+                if let Some(z) = buf[off..].iter().position(|&b| b != 0) {
+                    return Err(format!(
+                        "{}: non-zero byte in the padding at offset {}",
+                        p.display(),
+                        off + z
+                    ));
+                }
+                off = buf.len();
+                break;
+            }
+            let end = off + 8 + len as usize;
+            if end > buf.len() {
+                return Err(format!(
+                    "{}: record at offset {off} ({len} bytes) passes the end of the file ({})",
+                    p.display(),
+                    buf.len()
+                ));
+            }
+            let payload = &buf[off + 8..end];
+            let want = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+            if want != crc {
+                return Err(format!("{}: CRC mismatch at offset {off}", p.display()));
+            }
+            let Some(e) = expect.get(i) else {
+                return Err(format!(
+                    "{}: record {i} at offset {off} was never written (only {} were)",
+                    p.display(),
+                    expect.len()
+                ));
+            };
+            if let Some(why) = e.mismatch(payload) {
+                return Err(format!(
+                    "{}: record {i} at offset {off}: {why}",
+                    p.display()
+                ));
+            }
+            i += 1;
+            off = end;
+        }
+        // A tail shorter than a frame header is direct-mode padding: zeros only.
+        if buf[off.min(buf.len())..].iter().any(|&b| b != 0) {
+            return Err(format!(
+                "{}: {} trailing bytes that are not zero padding",
+                p.display(),
+                buf.len() - off
+            ));
+        }
+    }
+    if i != expect.len() {
+        return Err(format!(
+            "published files hold {i} records, {} were written",
+            expect.len()
+        ));
+    }
+    Ok(())
+}
+
+/// How many fds this process has open.
+pub fn fd_count() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |rd| rd.count() as u64)
+}
+
+/// How many open fds of this process point to unlinked files.
+pub fn deleted_fds() -> usize {
+    fds().values().filter(|t| t.ends_with(" (deleted)")).count()
+}
+
+/// Open fds of this process and what they point to.
+pub fn fds() -> BTreeMap<i32, String> {
+    let mut m = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
+        return m;
+    };
+    for e in rd.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        // The fd of the listing itself is gone by the time we read its link.
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            m.insert(fd, t.to_string_lossy().into_owned());
+        }
+    }
+    m
+}
+
+/// Fds open now that were not open (to the same target) in `before`.
+pub fn leaked_fds(before: &BTreeMap<i32, String>) -> Vec<String> {
+    fds()
+        .into_iter()
+        .filter(|(fd, t)| before.get(fd) != Some(t))
+        .filter(|(_, t)| !t.starts_with("/proc/") || !t.ends_with("/fd"))
+        .map(|(fd, t)| format!("fd {fd} -> {t}"))
+        .collect()
+}
+
+/// Mappings of this process of segment files (or anything under `root`).
+pub fn spill_maps(root: &Path) -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    let root = root.to_string_lossy();
+    maps.lines()
+        .filter(|l| l.contains("spill-segment-") || (!root.is_empty() && l.contains(&*root)))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names() {
+        assert!(is_segment_name("spill-segment-000001.bin"));
+        assert!(!is_segment_name("op3-000000.bin"));
+    }
+
+    #[test]
+    fn proc_dir_ids() {
+        assert_eq!(
+            proc_dir_engine(Path::new("/r/spillring-00000000000000ff")),
+            Some(255)
+        );
+        assert_eq!(proc_dir_engine(Path::new("/r/other")), None);
+    }
+
+    #[test]
+    fn published_parser_rejects_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        // A header from a real engine, then two frames.
+        let engine =
+            spillring::Engine::open(spillring::EngineConfig::new(dir.path().join("r"))).unwrap();
+        let task = engine.task("t").unwrap();
+        let mut w = task.writer().unwrap();
+        let recs: Vec<&[u8]> = vec![b"hello", b"", b"world!"];
+        for r in &recs {
+            w.write(bytes::Bytes::copy_from_slice(r)).unwrap();
+        }
+        let st = w.finish().unwrap();
+        let pubdir = dir.path().join("pub");
+        std::fs::create_dir(&pubdir).unwrap();
+        let paths = st.publish(&pubdir, "x").unwrap();
+        let exp: Vec<Expect> = recs.iter().map(|r| Expect::of(r)).collect();
+        verify_published(&paths, &exp).unwrap();
+        assert!(verify_published(&paths, &exp[..2]).is_err());
+        let mut buf = std::fs::read(&paths[0]).unwrap();
+        let n = buf.len();
+        buf[n - 1] ^= 0x40;
+        std::fs::write(&paths[0], &buf).unwrap();
+        assert!(verify_published(&paths, &exp).is_err());
+        std::fs::remove_file(&paths[0]).unwrap();
+        task.close();
+        assert!(engine.settle(std::time::Duration::from_secs(5)));
+    }
+}
