@@ -74,6 +74,11 @@ pub(crate) fn create_file_at(dir: RawFd, name: &CStr, direct: bool) -> io::Resul
     open_at(dir, name, flags, 0o600)
 }
 
+/// Opens an existing file for writing (never through a symlink).
+pub(crate) fn open_write_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    open_at(dir, name, libc::O_WRONLY | libc::O_NOFOLLOW, 0)
+}
+
 /// Opens a file for reading (never through a symlink).
 pub(crate) fn open_read_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
     open_at(dir, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)

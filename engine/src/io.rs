@@ -514,12 +514,18 @@ impl BufferPool {
 pub(crate) enum Reaped {
     Fd(#[expect(dead_code, reason = "held only to be closed on the reaper thread")] OwnedFd),
     Map(#[expect(dead_code, reason = "held only to be unmapped on the reaper thread")] Mmap),
-    /// Barrier: the reaper answers once everything sent before it was dropped.
-    Flush(Sender<()>),
+    /// Barrier: see [`FlushGate`].
+    Flush(Arc<FlushGate>),
 }
 
-/// Items the reaper queue holds before `reap` drops inline.
-const REAPER_CAPACITY: usize = 4096;
+/// Items the reaper queue holds before `reap` waits. Each is usually an fd or a map of a
+/// file whose blocks are freed when it closes, so this bounds what the engine holds of
+/// deleted files.
+const REAPER_CAPACITY: usize = 256;
+
+/// Threads closing and unmapping: the final close of a deleted file frees its blocks (tens of
+/// ms with online discard), and several run in parallel.
+const REAPER_THREADS: usize = 4;
 
 /// Sends slow drops to the reaper thread; drops inline when the thread is gone.
 #[derive(Debug, Clone)]
@@ -528,71 +534,121 @@ pub(crate) struct Reaper {
 }
 
 impl Reaper {
-    /// Starts the reaper thread.
+    /// Starts the reaper threads.
     pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
         let (tx, rx) = crossbeam_channel::bounded::<Reaped>(REAPER_CAPACITY);
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
-        let join = std::thread::Builder::new()
-            .name("spillring-reaper".into())
-            .spawn(move || {
-                loop {
-                    crossbeam_channel::select! {
-                        recv(rx) -> m => match m {
-                            Ok(Reaped::Flush(ack)) => { let _ = ack.send(()); }
-                            Ok(other) => drop(other),
-                            Err(_) => return,
-                        },
-                        recv(stop_rx) -> _ => {
-                            // Drop what is queued, then leave; later sends drop inline.
-                            while let Ok(m) = rx.try_recv() {
-                                if let Reaped::Flush(ack) = m { let _ = ack.send(()); }
-                            }
-                            return;
-                        }
-                    }
-                }
-            })?;
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let mut joins = Vec::with_capacity(REAPER_THREADS);
+        for i in 0..REAPER_THREADS {
+            let (rx, stop_rx) = (rx.clone(), stop_rx.clone());
+            joins.push(
+                std::thread::Builder::new()
+                    .name(format!("spillring-reaper-{i}"))
+                    .spawn(move || reaper_loop(&rx, &stop_rx))?,
+            );
+        }
         Ok((
             Reaper { tx: Some(tx) },
             ReaperThread {
-                stop: stop_tx,
-                join: Mutex::new(Some(join)),
+                stop: Mutex::new(Some(stop_tx)),
+                joins: Mutex::new(joins),
             },
         ))
     }
 
-    /// Hands `item` to the reaper thread; drops it here if the reaper is gone or
-    /// [`REAPER_CAPACITY`] items are already waiting (never blocks).
+    /// Hands `item` to the reaper threads. Waits while [`REAPER_CAPACITY`] items are queued
+    /// (back-pressure, so the fds of deleted files the engine holds stay bounded); drops it
+    /// here if the reapers are gone.
     pub(crate) fn reap(&self, item: Reaped) {
         if let Some(tx) = &self.tx
-            && let Err(e) = tx.try_send(item)
+            && let Err(e) = tx.send(item)
         {
             drop(e.into_inner());
         }
     }
 
-    /// Waits until everything reaped before this call was dropped.
+    /// Waits (up to 10 s) until everything reaped before this call was dropped.
     pub(crate) fn flush(&self) {
-        if let Some(tx) = &self.tx {
-            let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
-            if tx.send(Reaped::Flush(ack_tx)).is_ok() {
-                let _ = ack_rx.recv();
+        let Some(tx) = &self.tx else { return };
+        let gate = Arc::new(FlushGate {
+            left: Mutex::new(REAPER_THREADS),
+            cv: parking_lot::Condvar::new(),
+        });
+        for _ in 0..REAPER_THREADS {
+            if tx.send(Reaped::Flush(gate.clone())).is_err() {
+                return;
+            }
+        }
+        gate.wait();
+    }
+}
+
+/// A flush barrier: every reaper thread (and the flusher) waits until all threads reached it,
+/// so everything queued before it was dropped. Waits are bounded, so a reaper that is gone
+/// cannot hang anyone.
+#[derive(Debug)]
+pub(crate) struct FlushGate {
+    left: Mutex<usize>,
+    cv: parking_lot::Condvar,
+}
+
+impl FlushGate {
+    fn arrive(&self) {
+        let mut left = self.left.lock();
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    fn wait(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut left = self.left.lock();
+        while *left > 0 {
+            if self.cv.wait_until(&mut left, deadline).timed_out() {
+                return;
             }
         }
     }
 }
 
-/// The reaper thread's stop handle.
+fn reaper_loop(rx: &Receiver<Reaped>, stop_rx: &Receiver<()>) {
+    let handle = |m: Reaped| match m {
+        Reaped::Flush(gate) => {
+            gate.arrive();
+            gate.wait();
+        }
+        other => drop(other),
+    };
+    loop {
+        crossbeam_channel::select! {
+            recv(rx) -> m => match m {
+                Ok(m) => handle(m),
+                Err(_) => return,
+            },
+            recv(stop_rx) -> _ => {
+                // Drop what is queued, then leave; later sends drop inline.
+                while let Ok(m) = rx.try_recv() {
+                    handle(m);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// The reaper threads' stop handle.
 #[derive(Debug)]
 pub(crate) struct ReaperThread {
-    stop: Sender<()>,
-    join: Mutex<Option<JoinHandle<()>>>,
+    stop: Mutex<Option<Sender<()>>>,
+    joins: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl ReaperThread {
     pub(crate) fn stop(&self) {
-        let _ = self.stop.try_send(());
-        if let Some(j) = self.join.lock().take() {
+        // Dropping the sender wakes every thread's stop arm.
+        drop(self.stop.lock().take());
+        for j in std::mem::take(&mut *self.joins.lock()) {
             let _ = j.join();
         }
     }

@@ -239,11 +239,16 @@ impl SpilledState {
         let mut failure: Option<SpillError> = None;
         for (i, e) in entries.iter().enumerate() {
             let to_name = format!("{prefix}-{i:06}.bin");
+            let from = SegmentFileName::new(e.seg);
             let res = CString::new(to_name.clone())
                 .map_err(|_| SpillError::InvalidConfig("publish prefix contains a NUL".into()))
                 .and_then(|to| {
-                    let from = SegmentFileName::new(e.seg);
-                    dir::rename_at(e.dir.raw(), from.as_cstr(), dir::raw(&dest_fd), &to)
+                    // The caller gets exactly header and records: no allocated tail or
+                    // direct-mode padding past the written length.
+                    trim_to(&e.dir, &from, e.len)
+                        .and_then(|()| {
+                            dir::rename_at(e.dir.raw(), from.as_cstr(), dir::raw(&dest_fd), &to)
+                        })
                         .map_err(|err| SpillError::io("publish", dest.join(&to_name), err))
                 });
             if let Err(err) = res {
@@ -283,6 +288,16 @@ impl SpilledState {
             .unregister(inner.scope_id.load(Ordering::Acquire));
         Ok(out)
     }
+}
+
+/// Truncates a segment to its written length if it is longer.
+fn trim_to(dir: &TaskDir, name: &SegmentFileName, len: u64) -> std::io::Result<()> {
+    let fd = dir::open_write_at(dir.raw(), name.as_cstr())?;
+    let f = std::fs::File::from(fd);
+    if f.metadata()?.len() != len {
+        f.set_len(len)?;
+    }
+    Ok(())
 }
 
 /// Releases the tickets of files moved to the caller; returns their new paths.

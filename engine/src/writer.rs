@@ -647,6 +647,19 @@ impl SpillWriter {
             let created =
                 match fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterCreate) {
                     Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+                    Injected::FailAfter(e) => {
+                        // The create happened, but its outcome reads as an error: whether a
+                        // file exists is unknown to us. Keep the ticket and let the cleanup
+                        // worker settle the name (deleted, or found absent).
+                        if let Ok(fd) = dir::create_file_at(dir.raw(), name.as_cstr(), self.direct)
+                        {
+                            drop(fd);
+                        }
+                        Counters::add(&core.counters.segments_created, 1);
+                        core.cleanup.retain_file(&dir, seg, ticket.retain());
+                        let e = io::Error::from_raw_os_error(e);
+                        return Err(SpillError::io("create", dir.path.join(name.as_str()), e));
+                    }
                     _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
                 };
             let fd = match created {

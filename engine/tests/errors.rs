@@ -146,3 +146,27 @@ fn create_failure_leaves_nothing() {
         assert_clean(&engine, dir.path());
     });
 }
+
+#[test]
+fn a_create_whose_outcome_is_unknown_keeps_its_ticket_until_settled() {
+    each_backend(|b| {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new(8);
+        let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
+        let task = engine.task("ambiguous-create").unwrap();
+        let mut w = task.writer().unwrap();
+        // The create happens, then reports EIO: the file exists, the writer cannot know.
+        plan.arm(
+            FaultPoint::WriterCreate,
+            FaultAction::FailAfter(libc::EIO),
+            Trigger::Times(1),
+        );
+        let err = w.write(Bytes::from_static(b"x")).unwrap_err();
+        assert!(matches!(&err, SpillError::Io { op: "create", .. }), "{err}");
+        drop(w);
+        task.close();
+        // The cleanup worker settles the name; nothing is left and the ticket comes back.
+        let m = assert_clean(&engine, dir.path());
+        assert_eq!(m.cleanup_released, 1, "{m:?}");
+    });
+}

@@ -72,6 +72,34 @@ fn publish_moves_the_files_to_the_caller_and_the_engine_forgets_them() {
 }
 
 #[test]
+fn a_published_direct_mode_file_holds_exactly_what_was_written() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dest = tempfile::tempdir_in(dir.path()).unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), spillring::BackendKind::Uring)
+            .mode(spillring::WriteMode::Direct)
+            .segment_size(64 << 10),
+    )
+    .unwrap();
+    let task = engine.task("publish-direct").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..100 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    let st = w.finish().unwrap();
+    let paths = st.publish(dest.path(), "d").unwrap();
+    // 64 records fill the first segment, 36 the second: header + framed records, no padding.
+    let lens: Vec<u64> = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .collect();
+    assert_eq!(lens, vec![64 + 64 * 1008, 64 + 36 * 1008]);
+    drop(st);
+    task.close();
+    assert!(engine.settle(std::time::Duration::from_secs(5)));
+}
+
+#[test]
 fn publish_into_a_missing_destination_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path(), spillring::BackendKind::Uring);
