@@ -172,7 +172,10 @@ impl Ring {
             tracing::error!(error = %e, "spillring ring thread cannot arm its wake poll");
         }
         loop {
-            loop {
+            super::take_overflow(&mut self.backlog);
+            // Take only what free slots can start: the rest waits in the bounded channel,
+            // which holds its senders back, instead of growing a queue here.
+            while self.backlog.len() < self.free.len() {
                 match self.rx.try_recv() {
                     Ok(Msg::Op(op)) => self.backlog.push_back(op),
                     Ok(Msg::Shutdown) => shutting_down = true,
@@ -183,20 +186,24 @@ impl Ring {
                     }
                 }
             }
-            super::take_overflow(&mut self.backlog);
             while !self.free.is_empty() {
                 let Some(op) = self.backlog.pop_front() else {
                     break;
                 };
                 self.start(op);
             }
-            if shutting_down && self.inflight == 0 && self.backlog.is_empty() {
+            if self.backlog.is_empty() && self.backlog.capacity() > 4096 {
+                self.backlog.shrink_to(64);
+            }
+            if shutting_down && self.inflight == 0 && self.backlog.is_empty() && self.rx.is_empty()
+            {
                 break;
             }
             let mut want = usize::from(self.ring.completion().is_empty());
             if want == 1 {
                 self.wake.sleeping.store(true, Ordering::SeqCst);
-                if !self.rx.is_empty() || (!self.backlog.is_empty() && !self.free.is_empty()) {
+                let waiting = !self.backlog.is_empty() || !self.rx.is_empty();
+                if waiting && !self.free.is_empty() {
                     want = 0;
                 }
             }
