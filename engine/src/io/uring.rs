@@ -149,7 +149,8 @@ pub(crate) fn spawn(
         wake: wake.clone(),
         slots: (0..nops).map(|_| Slot::empty()).collect(),
         free: (0..nops).rev().collect(),
-        backlog: VecDeque::new(),
+        // Sized once: it never holds more than the free slots (plus ops the thread sends itself).
+        backlog: VecDeque::with_capacity(nops),
         inflight: 0,
         fixed,
         registered: vec![false; if fixed { nslots } else { 0 }],
