@@ -514,6 +514,8 @@ impl BufferPool {
 pub(crate) enum Reaped {
     Fd(#[expect(dead_code, reason = "held only to be closed on the reaper thread")] OwnedFd),
     Map(#[expect(dead_code, reason = "held only to be unmapped on the reaper thread")] Mmap),
+    /// Ends the reaper thread that takes it (one per thread, sent by `ReaperThread::stop`).
+    Stop,
     /// Barrier: see [`FlushGate`].
     Flush(Arc<FlushGate>),
 }
@@ -537,20 +539,21 @@ impl Reaper {
     /// Starts the reaper threads.
     pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
         let (tx, rx) = crossbeam_channel::bounded::<Reaped>(REAPER_CAPACITY);
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let mut joins = Vec::with_capacity(REAPER_THREADS);
         for i in 0..REAPER_THREADS {
-            let (rx, stop_rx) = (rx.clone(), stop_rx.clone());
+            let rx = rx.clone();
             joins.push(
                 std::thread::Builder::new()
                     .name(format!("spillring-reaper-{i}"))
-                    .spawn(move || reaper_loop(&rx, &stop_rx))?,
+                    .spawn(move || reaper_loop(&rx))?,
             );
         }
         Ok((
-            Reaper { tx: Some(tx) },
+            Reaper {
+                tx: Some(tx.clone()),
+            },
             ReaperThread {
-                stop: Mutex::new(Some(stop_tx)),
+                tx: Mutex::new(Some(tx)),
                 joins: Mutex::new(joins),
             },
         ))
@@ -612,27 +615,16 @@ impl FlushGate {
     }
 }
 
-fn reaper_loop(rx: &Receiver<Reaped>, stop_rx: &Receiver<()>) {
-    let handle = |m: Reaped| match m {
-        Reaped::Flush(gate) => {
-            gate.arrive();
-            gate.wait();
-        }
-        other => drop(other),
-    };
-    loop {
-        crossbeam_channel::select! {
-            recv(rx) -> m => match m {
-                Ok(m) => handle(m),
-                Err(_) => return,
-            },
-            recv(stop_rx) -> _ => {
-                // Drop what is queued, then leave; later sends drop inline.
-                while let Ok(m) = rx.try_recv() {
-                    handle(m);
-                }
-                return;
+fn reaper_loop(rx: &Receiver<Reaped>) {
+    // A plain `recv` (a `select!` over two channels allocates on every call).
+    while let Ok(m) = rx.recv() {
+        match m {
+            Reaped::Stop => return,
+            Reaped::Flush(gate) => {
+                gate.arrive();
+                gate.wait();
             }
+            other => drop(other),
         }
     }
 }
@@ -640,14 +632,20 @@ fn reaper_loop(rx: &Receiver<Reaped>, stop_rx: &Receiver<()>) {
 /// The reaper threads' stop handle.
 #[derive(Debug)]
 pub(crate) struct ReaperThread {
-    stop: Mutex<Option<Sender<()>>>,
+    tx: Mutex<Option<Sender<Reaped>>>,
     joins: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl ReaperThread {
+    /// Stops the reaper threads once they dropped what was queued before this call. Later
+    /// reaps are dropped on the thread that makes them.
     pub(crate) fn stop(&self) {
-        // Dropping the sender wakes every thread's stop arm.
-        drop(self.stop.lock().take());
+        if let Some(tx) = self.tx.lock().take() {
+            let threads = self.joins.lock().len();
+            for _ in 0..threads {
+                let _ = tx.send(Reaped::Stop);
+            }
+        }
         for j in std::mem::take(&mut *self.joins.lock()) {
             let _ = j.join();
         }
