@@ -303,7 +303,6 @@ impl OpSink for DeleteBatch {
             .and_then(Option::take);
         let Some(entry) = entry else { return };
         let c = &self.core.counters;
-        Counters::add(&c.deletes_in_flight, u64::MAX); // -1
         match res {
             Ok(_) => {
                 Counters::add(&c.files_deleted, 1);
@@ -323,6 +322,9 @@ impl OpSink for DeleteBatch {
                 self.core.cleanup.retain_file(&dir, seg, ticket.retain());
             }
         }
+        // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
+        // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
+        Counters::add(&c.deletes_in_flight, u64::MAX); // -1
     }
 }
 
@@ -364,7 +366,6 @@ struct RmdirSink {
 
 impl OpSink for RmdirSink {
     fn complete(&self, _token: u64, res: io::Result<usize>) {
-        Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1
         match res {
             Ok(_) => self.core.dirs.remove(self.dir.index),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -377,6 +378,7 @@ impl OpSink for RmdirSink {
                 self.core.cleanup.retain_dir(&self.dir);
             }
         }
+        Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1, last (see above)
     }
 }
 
