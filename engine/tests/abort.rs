@@ -12,13 +12,6 @@ use spillring::{Bytes, Engine, FaultPlan, FaultPoint, SpillError};
 
 const T: Duration = Duration::from_secs(10);
 
-fn segment_files(root: &std::path::Path) -> usize {
-    files_under(root)
-        .iter()
-        .filter(|p| p.to_string_lossy().ends_with(".bin"))
-        .count()
-}
-
 #[test]
 fn cancel_between_file_creation_and_abort_check() {
     each_backend(|b| {

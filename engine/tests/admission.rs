@@ -6,13 +6,6 @@ use common::*;
 
 use spillring::{Bytes, Engine, SpillError};
 
-fn segment_files(root: &std::path::Path) -> usize {
-    files_under(root)
-        .iter()
-        .filter(|p| p.to_string_lossy().ends_with(".bin"))
-        .count()
-}
-
 #[test]
 fn ledger_full_refuses_the_next_rotation_and_reopens() {
     each_backend(|b| {

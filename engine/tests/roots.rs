@@ -4,17 +4,9 @@
 mod common;
 use common::*;
 
-use std::path::Path;
 use std::time::Duration;
 
 use spillring::{BackendKind, Bytes, Engine, SpillError};
-
-fn segs(dir: &Path) -> usize {
-    files_under(dir)
-        .iter()
-        .filter(|p| p.to_string_lossy().ends_with(".bin"))
-        .count()
-}
 
 fn write_and_check(engine: &Engine, id: &str, n: u64, len: usize) {
     let task = engine.task(id).unwrap();
@@ -65,7 +57,7 @@ fn quota_refuses_the_reservation_and_reopens() {
         }
         assert!(engine.settle(Duration::from_secs(5)));
         assert_eq!(
-            segs(dir.path()),
+            segment_files(dir.path()),
             3,
             "the refused reservation created no file"
         );
@@ -99,7 +91,7 @@ fn segments_spread_round_robin_over_roots() {
         }
         let st = w.finish().unwrap();
         assert_eq!(st.segments(), 10);
-        assert_eq!((segs(d1.path()), segs(d2.path())), (5, 5));
+        assert_eq!((segment_files(d1.path()), segment_files(d2.path())), (5, 5));
         let mut r = st.reader().unwrap();
         for i in 0..640 {
             assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
@@ -165,6 +157,6 @@ fn a_root_that_turns_read_only_is_skipped() {
     write_and_check(&engine, "erofs", 640, 1000);
     let m = engine.metrics();
     assert_eq!(m.root_skips, 1, "{m:?}");
-    assert_eq!(segs(&ro), 0);
+    assert_eq!(segment_files(&ro), 0);
     assert_clean(&engine, healthy.path());
 }

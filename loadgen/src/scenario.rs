@@ -651,6 +651,34 @@ impl<'a> Op<'a> {
     }
 
     /// Cancels from a control thread after a short random delay.
+    /// Arms a pause of this task's writer at `point` and returns the control thread that
+    /// cancels the task once the writer is paused there (or once `done` says the writer got
+    /// past without pausing), then releases it. Its result: whether the pause was reached.
+    fn cancel_at(&mut self, point: FaultPoint, done: Arc<AtomicBool>, files: bool) -> Ctl<bool> {
+        let plan = FaultPlan::new(op_seed(self.ctx.seed, self.idx));
+        let pause = plan.pause_once(point);
+        self.task.set_fault_plan(plan);
+        let (task, watch, idx) = (self.task.clone(), self.ctx.watch.clone(), self.idx);
+        spawn_ctl(self.flavor(), move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let reached = loop {
+                if pause.wait_reached(Duration::from_millis(2)) {
+                    break true;
+                }
+                if done.load(Ordering::Acquire) || Instant::now() > deadline {
+                    break false;
+                }
+            };
+            let t0 = Instant::now();
+            task.cancel();
+            if reached && files {
+                watch.aborted(idx, t0);
+            }
+            pause.release();
+            reached
+        })
+    }
+
     fn cancel_soon(&mut self, files: bool) -> Ctl<()> {
         Counters::add(&self.ctx.stats.c.cross_thread_cancels, 1);
         let task = self.task.clone();
@@ -804,33 +832,9 @@ impl<'a> Op<'a> {
         if self.rng.chance(0.5) && !self.write_upto(&mut w, self.ctx.segment_size / 2).await {
             return;
         }
-        let plan = FaultPlan::new(op_seed(self.ctx.seed, self.idx));
-        let pause = plan.pause_once(FaultPoint::WriterAfterCreate);
-        self.task.set_fault_plan(plan);
+        // The writer will sit between its file creation and its abort check: cancel there.
         let writer_done = Arc::new(AtomicBool::new(false));
-        let ctl = {
-            let (task, watch, idx) = (self.task.clone(), self.ctx.watch.clone(), self.idx);
-            let done = writer_done.clone();
-            spawn_ctl(self.flavor(), move || {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                let reached = loop {
-                    if pause.wait_reached(Duration::from_millis(2)) {
-                        break true;
-                    }
-                    if done.load(Ordering::Acquire) || Instant::now() > deadline {
-                        break false;
-                    }
-                };
-                // The writer sits between its file creation and its abort check: cancel now.
-                let t0 = Instant::now();
-                task.cancel();
-                if reached {
-                    watch.aborted(idx, t0);
-                }
-                pause.release();
-                reached
-            })
-        };
+        let ctl = self.cancel_at(FaultPoint::WriterAfterCreate, writer_done.clone(), true);
         let cap = self.written + 2 * self.ctx.segment_size + self.ctx.max_record;
         let mut err = None;
         while self.written <= cap {
@@ -879,34 +883,10 @@ impl<'a> Op<'a> {
         if !self.write_upto(&mut w, target).await {
             return;
         }
-        let plan = FaultPlan::new(op_seed(self.ctx.seed, self.idx));
-        let pause = plan.pause_once(FaultPoint::WriterHandOff);
-        self.task.set_fault_plan(plan);
+        // finish() will hold the files between the writer and the state: cancel there.
         let files = w.segments() > 0;
         let finished = Arc::new(AtomicBool::new(false));
-        let ctl = {
-            let (task, watch, idx) = (self.task.clone(), self.ctx.watch.clone(), self.idx);
-            let done = finished.clone();
-            spawn_ctl(self.flavor(), move || {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                let reached = loop {
-                    if pause.wait_reached(Duration::from_millis(2)) {
-                        break true;
-                    }
-                    if done.load(Ordering::Acquire) || Instant::now() > deadline {
-                        break false;
-                    }
-                };
-                // finish() holds the files between the writer and the state: cancel now.
-                let t0 = Instant::now();
-                task.cancel();
-                if reached && files {
-                    watch.aborted(idx, t0);
-                }
-                pause.release();
-                reached
-            })
-        };
+        let ctl = self.cancel_at(FaultPoint::WriterHandOff, finished.clone(), files);
         let r = self.finish(w).await;
         finished.store(true, Ordering::Release);
         self.phase(P_CTL);

@@ -75,6 +75,14 @@ pub fn files_under(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Number of segment files under `root`.
+pub fn segment_files(root: &Path) -> usize {
+    files_under(root)
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".bin"))
+        .count()
+}
+
 /// Every directory under `root` (not `root` itself).
 pub fn dirs_under(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
