@@ -733,18 +733,26 @@ impl<'a> Op<'a> {
         }
     }
 
-    async fn normal(&mut self) {
-        let Some(mut w) = self.writer() else { return };
+    /// Writes this op's target amount and finishes: the state, or `None` after judging
+    /// whatever error ended the spill.
+    async fn spill_to_target(&mut self) -> Option<SpilledState> {
+        let mut w = self.writer()?;
         let target = self.target_bytes();
         if !self.write_upto(&mut w, target).await {
-            return;
+            return None;
         }
-        let st = match self.finish(w).await {
-            Ok(st) => st,
+        match self.finish(w).await {
+            Ok(st) => Some(st),
             Err(e) => {
                 self.judge("finish", &e);
-                return;
+                None
             }
+        }
+    }
+
+    async fn normal(&mut self) {
+        let Some(st) = self.spill_to_target().await else {
+            return;
         };
         if self.rng.chance(self.ctx.read_rate) {
             self.read_back(&st);
@@ -986,17 +994,8 @@ impl<'a> Op<'a> {
     }
 
     async fn mid_read(&mut self) {
-        let Some(mut w) = self.writer() else { return };
-        let target = self.target_bytes();
-        if !self.write_upto(&mut w, target).await {
+        let Some(st) = self.spill_to_target().await else {
             return;
-        }
-        let st = match self.finish(w).await {
-            Ok(st) => st,
-            Err(e) => {
-                self.judge("finish", &e);
-                return;
-            }
         };
         let mut r = match st.reader() {
             Ok(r) => r,
@@ -1061,17 +1060,8 @@ impl<'a> Op<'a> {
             }
             1 => {
                 // Drop the last grant without reading (or half way through reading).
-                let Some(mut w) = self.writer() else { return };
-                let target = self.target_bytes();
-                if !self.write_upto(&mut w, target).await {
+                let Some(st) = self.spill_to_target().await else {
                     return;
-                }
-                let st = match self.finish(w).await {
-                    Ok(st) => st,
-                    Err(e) => {
-                        self.judge("finish", &e);
-                        return;
-                    }
                 };
                 let files = st.segments() > 0;
                 if self.rng.chance(0.5)
