@@ -367,10 +367,8 @@ struct RmdirSink {
 impl OpSink for RmdirSink {
     fn complete(&self, _token: u64, res: io::Result<usize>) {
         match res {
-            Ok(_) => self.core.dirs.remove(self.dir.index),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                self.core.dirs.remove(self.dir.index)
-            }
+            Ok(_) => self.core.dirs.remove(&self.dir),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.core.dirs.remove(&self.dir),
             Err(e) => {
                 Counters::add(&self.core.counters.delete_failures, 1);
                 tracing::warn!(path = %self.dir.path.display(), error = %e,
@@ -550,7 +548,9 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         core.cleanup.pending.fetch_sub(1, Ordering::Relaxed);
         Counters::add(&core.counters.cleanup_released, 1);
         if r.seg == DIR_RECORD {
-            core.dirs.remove(r.dir);
+            if let Some(d) = &dir {
+                core.dirs.remove(d);
+            }
             continue;
         }
         core.ledger

@@ -203,9 +203,23 @@ impl DirEntry {
     }
 
     /// Counts a file about to be created (before the create, so the directory cannot be
-    /// removed under it).
-    pub(crate) fn file_coming(&self) {
-        self.live.fetch_add(1, Ordering::AcqRel);
+    /// removed under it). Refuses (returns false, counts nothing) once the scope closed the
+    /// directory: its removal may already be queued, and exactly one caller ever removes it.
+    #[must_use]
+    pub(crate) fn file_coming(&self) -> bool {
+        let mut cur = self.live.load(Ordering::Acquire);
+        loop {
+            if cur & CLOSED != 0 {
+                return false;
+            }
+            match self
+                .live
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// Counts a file confirmed gone (deleted, absent, published, or never created).
@@ -307,11 +321,15 @@ impl DirTable {
             .and_then(|s| s.clone())
     }
 
-    pub(crate) fn remove(&self, idx: u32) {
+    /// Frees `dir`'s slot, if the slot still holds `dir` (not a later directory that reused
+    /// the index): a stale removal never takes a live directory's slot.
+    pub(crate) fn remove(&self, dir: &Arc<DirEntry>) {
         let mut t = self.inner.lock();
+        let idx = dir.index;
         if let Some(slot) = t.slots.get_mut(idx as usize)
-            && slot.take().is_some()
+            && slot.as_ref().is_some_and(|d| Arc::ptr_eq(d, dir))
         {
+            *slot = None;
             t.free.push(idx);
         }
     }
@@ -335,4 +353,63 @@ pub(crate) fn list_dir(path: &Path) -> io::Result<Vec<std::ffi::OsString>> {
 /// Raw fd of an owned fd (for the few places that need it).
 pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
     fd.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with_parent() -> (DirTable, Arc<ProcDir>) {
+        let fd = open_dir(Path::new("/")).unwrap();
+        let parent = Arc::new(ProcDir {
+            path: PathBuf::from("/"),
+            fd: FileHandle::new(fd, crate::io::Reaper::inline()),
+            root: 0,
+        });
+        (DirTable::default(), parent)
+    }
+
+    #[test]
+    fn a_closed_directory_counts_no_new_file() {
+        let (t, p) = table_with_parent();
+        let d = t.insert(PathBuf::from("/a"), NameBuf::new(b"a").unwrap(), p);
+        assert!(d.file_coming());
+        assert_eq!(d.close(), DirNext::Keep);
+        assert!(
+            !d.file_coming(),
+            "a closed directory must refuse a new file"
+        );
+        assert_eq!(
+            d.file_gone(),
+            DirNext::Remove,
+            "the last file removes it once"
+        );
+        assert!(!d.file_coming());
+        // A directory closed with no file is removed by its closer, once.
+        let e = t.insert(
+            PathBuf::from("/e"),
+            NameBuf::new(b"e").unwrap(),
+            t.get(0).unwrap().parent.clone(),
+        );
+        assert_eq!(e.close(), DirNext::Remove);
+        assert_eq!(e.close(), DirNext::Keep);
+        assert!(!e.file_coming());
+    }
+
+    #[test]
+    fn a_stale_removal_never_frees_a_live_slot() {
+        let (t, p) = table_with_parent();
+        let a = t.insert(PathBuf::from("/a"), NameBuf::new(b"a").unwrap(), p.clone());
+        t.remove(&a);
+        let b = t.insert(PathBuf::from("/b"), NameBuf::new(b"b").unwrap(), p.clone());
+        assert_eq!(a.index, b.index, "the freed index is reused");
+        t.remove(&a); // a second, stale removal of a
+        assert!(
+            t.get(b.index).is_some_and(|d| Arc::ptr_eq(&d, &b)),
+            "a stale removal freed a live directory's slot"
+        );
+        let c = t.insert(PathBuf::from("/c"), NameBuf::new(b"c").unwrap(), p);
+        assert_ne!(c.index, b.index, "the live index was handed out twice");
+        assert_eq!(t.len(), 2);
+    }
 }

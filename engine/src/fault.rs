@@ -6,6 +6,7 @@
 //!
 //! | point | where | effect of `Fail(errno)` |
 //! |---|---|---|
+//! | `WriterReserve` | after the writer's abort check, before its ticket and file count | (use `pause`) |
 //! | `WriterCreate` | before a segment's `openat` | the create fails, no file appears |
 //! | `WriterAfterCreate` | after the create, before the abort check | (use `pause`) |
 //! | `WriterHandOff` | `finish`, between taking the files and registering the state | (use `pause`) |
@@ -13,6 +14,7 @@
 //! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
 //! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
+//! | `StatePublish` | `publish` took the files, before its first rename | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -25,6 +27,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[non_exhaustive]
 pub enum FaultPoint {
+    /// `writer::reserve`: the writer passed its abort check for a new segment and has not yet
+    /// reserved its ticket or counted the file in its directory. Pausing here lets a test
+    /// cancel the scope in that window.
+    WriterReserve,
     /// `writer::create`: just before a segment file is created.
     WriterCreate,
     /// `writer::after_create`: after a segment file was created, before the writer checks the
@@ -43,11 +49,17 @@ pub enum FaultPoint {
     /// `cleanup::take`: the cleanup worker found ready records and is about to take a batch.
     /// Pausing here lets a test queue records first and then watch whole batches.
     CleanupTake,
+    /// `state::publish`: `publish` took the state's files and has not renamed any yet.
+    StatePublish,
 }
+
+/// Number of fault points.
+const POINTS: usize = 9;
 
 impl FaultPoint {
     /// Every fault point.
-    pub const ALL: [FaultPoint; 7] = [
+    pub const ALL: [FaultPoint; POINTS] = [
+        FaultPoint::WriterReserve,
         FaultPoint::WriterCreate,
         FaultPoint::WriterAfterCreate,
         FaultPoint::WriterHandOff,
@@ -55,11 +67,13 @@ impl FaultPoint {
         FaultPoint::IoUnlink,
         FaultPoint::CleanupUnlink,
         FaultPoint::CleanupTake,
+        FaultPoint::StatePublish,
     ];
 
     /// The point's name, as in `writer::create`.
     pub fn name(self) -> &'static str {
         match self {
+            FaultPoint::WriterReserve => "writer::reserve",
             FaultPoint::WriterCreate => "writer::create",
             FaultPoint::WriterAfterCreate => "writer::after_create",
             FaultPoint::WriterHandOff => "writer::hand_off",
@@ -67,6 +81,7 @@ impl FaultPoint {
             FaultPoint::IoUnlink => "io::unlink",
             FaultPoint::CleanupUnlink => "cleanup::unlink",
             FaultPoint::CleanupTake => "cleanup::take",
+            FaultPoint::StatePublish => "state::publish",
         }
     }
 
@@ -86,6 +101,8 @@ pub enum FaultAction {
     Pause(Arc<PauseHandle>),
     /// Report success without performing the operation (a no-op deleter, for benches).
     Skip,
+    /// Sleep this long at the point, then perform the operation (a slow device).
+    Delay(Duration),
 }
 
 /// When an armed fault point fires.
@@ -118,8 +135,8 @@ struct Rule {
 pub struct FaultPlan {
     seed: u64,
     rules: Mutex<Vec<Rule>>,
-    calls: [AtomicU64; 7],
-    fired: [AtomicU64; 7],
+    calls: [AtomicU64; POINTS],
+    fired: [AtomicU64; POINTS],
 }
 
 /// What a fault point decided for one call.
@@ -251,6 +268,10 @@ impl FaultPlan {
             FaultAction::Skip => Injected::Skip,
             FaultAction::Pause(h) => {
                 h.pause_here();
+                Injected::None
+            }
+            FaultAction::Delay(d) => {
+                std::thread::sleep(d);
                 Injected::None
             }
         }

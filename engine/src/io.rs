@@ -559,6 +559,12 @@ impl Reaper {
         ))
     }
 
+    /// A reaper with no threads: everything is dropped where it is reaped (unit tests).
+    #[cfg(test)]
+    pub(crate) fn inline() -> Self {
+        Reaper { tx: None }
+    }
+
     /// Hands `item` to the reaper threads. Waits while [`REAPER_CAPACITY`] items are queued
     /// (back-pressure, so the fds of deleted files the engine holds stay bounded); drops it
     /// here if the reapers are gone.

@@ -635,6 +635,8 @@ impl SpillWriter {
             if self.shared.aborted.load(Ordering::Acquire) {
                 return Err(SpillError::Aborted);
             }
+            let task_plan = self.task.fault_plan();
+            let _ = fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterReserve);
             let ticket = core.ledger.reserve(reserve)?;
             let Some(seg) = dir.next_segment() else {
                 return Err(SpillError::InvalidConfig(
@@ -642,7 +644,11 @@ impl SpillWriter {
                 ));
             };
             let name = SegmentFileName::new(seg);
-            dir.file_coming();
+            if !dir.file_coming() {
+                // The scope closed the directory after our abort check: nothing was created.
+                drop(ticket);
+                return Err(SpillError::Aborted);
+            }
             let task_plan = self.task.fault_plan();
             let created =
                 match fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterCreate) {
