@@ -533,6 +533,9 @@ const REAPER_THREADS: usize = 4;
 #[derive(Debug, Clone)]
 pub(crate) struct Reaper {
     tx: Option<Sender<Reaped>>,
+    /// One flush at a time: a flush sends one gate per reaper thread, and two interleaved
+    /// flushes would leave every thread waiting on a gate that cannot fill.
+    flushing: Arc<Mutex<()>>,
 }
 
 impl Reaper {
@@ -551,6 +554,7 @@ impl Reaper {
         Ok((
             Reaper {
                 tx: Some(tx.clone()),
+                flushing: Arc::default(),
             },
             ReaperThread {
                 tx: Mutex::new(Some(tx)),
@@ -562,7 +566,10 @@ impl Reaper {
     /// A reaper with no threads: everything is dropped where it is reaped (unit tests).
     #[cfg(test)]
     pub(crate) fn inline() -> Self {
-        Reaper { tx: None }
+        Reaper {
+            tx: None,
+            flushing: Arc::default(),
+        }
     }
 
     /// Hands `item` to the reaper threads. Waits while [`REAPER_CAPACITY`] items are queued
@@ -579,6 +586,7 @@ impl Reaper {
     /// Waits (up to 10 s) until everything reaped before this call was dropped.
     pub(crate) fn flush(&self) {
         let Some(tx) = &self.tx else { return };
+        let _one_at_a_time = self.flushing.lock();
         let gate = Arc::new(FlushGate {
             left: Mutex::new(REAPER_THREADS),
             cv: parking_lot::Condvar::new(),

@@ -32,3 +32,63 @@ impl LedgerProbe {
 
 /// Size in bytes of one name-only cleanup record.
 pub const CLEANUP_RECORD_BYTES: usize = std::mem::size_of::<crate::cleanup::Record>();
+
+/// What [`parse_segment`] found in a segment buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedSegment {
+    /// Where each record that parsed has its payload in the buffer, in order.
+    pub records: Vec<std::ops::Range<usize>>,
+    /// The damage that stopped the parse (offset in the segment, detail), `None` if it reached
+    /// the written length.
+    pub damage: Option<(u64, &'static str)>,
+}
+
+/// Parses segment `segment` of engine `engine` the way a reader does, with the crate's own
+/// header and frame parsers: the header, then records up to `end`, the segment's written
+/// length. `buf` is the file: shorter than `end` if it was truncated, longer if padded.
+pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
+    let mut out = ParsedSegment {
+        records: Vec::new(),
+        damage: None,
+    };
+    // As the reader maps it: no further than the written length.
+    let buf = &buf[..end.min(buf.len())];
+    if buf.len() < crate::segment::HEADER_LEN {
+        out.damage = Some((buf.len() as u64, "segment truncated inside its header"));
+        return out;
+    }
+    match crate::segment::parse_header(buf) {
+        Err(d) => out.damage = Some((0, d)),
+        Ok(h) if h.segment != segment || h.engine != engine => {
+            out.damage = Some((0, "header names another segment or engine"));
+        }
+        Ok(_) => {
+            let mut off = crate::segment::HEADER_LEN;
+            loop {
+                match crate::segment::next_frame(buf, off, end) {
+                    Ok(Some(f)) => {
+                        out.records.push(f.start..f.end);
+                        off = f.end;
+                    }
+                    Ok(None) => break,
+                    Err(d) => {
+                        out.damage = Some((d.offset, d.detail));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A valid segment: the header of segment `segment` of engine `engine`, then `records`, framed
+/// as the writer frames them.
+pub fn encode_segment(segment: u32, engine: u64, records: &[&[u8]]) -> Vec<u8> {
+    let mut v = Vec::from(crate::segment::encode_header(segment, engine));
+    for r in records {
+        v.extend_from_slice(&crate::segment::frame_header(r));
+        v.extend_from_slice(r);
+    }
+    v
+}

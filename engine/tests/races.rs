@@ -120,3 +120,52 @@ fn cancel_races_first_write(b: BackendKind) {
     eprintln!("{i} races: {} ok, {} aborted", outcomes[0], outcomes[1]);
     assert_clean(&engine, dir.path());
 }
+
+/// Defect 5: two interleaved reaper flushes each sent one gate per reaper thread; the threads
+/// then waited on gates that could not fill, for the 10 s timeout, and every drop of a file
+/// handle blocked behind them. Four threads settling in a loop: no call may take seconds.
+#[test]
+fn concurrent_settles_do_not_stall_the_reaper() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), BackendKind::Auto);
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let e = engine.clone();
+            thread::spawn(move || {
+                let mut worst = Duration::ZERO;
+                let mut calls = 0;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    assert!(e.settle(T));
+                    worst = worst.max(t.elapsed());
+                    calls += 1;
+                }
+                (worst, calls)
+            })
+        })
+        .collect();
+    // Meanwhile a writer drops file handles through the reaper.
+    let task = engine.task("reaped").unwrap();
+    let mut spills = 0;
+    while Instant::now() < deadline {
+        let mut w = task.writer().unwrap();
+        w.write(Bytes::from(record(spills, 5000))).unwrap();
+        let s = w.finish().unwrap();
+        assert_eq!(
+            s.reader().unwrap().next_record().unwrap().unwrap().len(),
+            5000
+        );
+        spills += 1;
+    }
+    for h in workers {
+        let (worst, calls) = h.join().unwrap();
+        assert!(
+            worst < Duration::from_secs(2),
+            "a settle took {worst:?} ({calls} calls): flushes stalled the reaper threads"
+        );
+    }
+    drop(task);
+    assert_clean(&engine, dir.path());
+}
