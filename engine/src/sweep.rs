@@ -59,8 +59,16 @@ pub(crate) fn claim(
             }
             Err(e) => return Err(SpillError::io("create process directory", path, e)),
         }
-        let fd = dir::open_dir_at(root_fd.as_raw_fd(), &cname)
-            .map_err(|e| SpillError::io("open process directory", path.clone(), e))?;
+        let fd = match dir::open_dir_at(root_fd.as_raw_fd(), &cname) {
+            Ok(fd) => fd,
+            // Another engine's sweep took our new directory before we opened it (it had no
+            // lock yet, so it looked dead): start over with a fresh name.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 8 => {
+                *id = crate::engine::random_id();
+                continue;
+            }
+            Err(e) => return Err(SpillError::io("open process directory", path, e)),
+        };
         let locked = dir::try_lock(fd.as_raw_fd())
             .map_err(|e| SpillError::io("lock process directory", path.clone(), e))?;
         let ours = locked && same_inode(&fd, &path);

@@ -169,3 +169,52 @@ fn concurrent_settles_do_not_stall_the_reaper() {
     drop(task);
     assert_clean(&engine, dir.path());
 }
+
+/// Defect 4: engines opening together on one root. Another engine's sweep could lock and
+/// rename our new process directory between our mkdir and our open of it; the ENOENT was
+/// returned instead of retried with a fresh name.
+#[test]
+fn engines_opening_together_on_one_root_all_open() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let root = root.clone();
+            thread::spawn(move || {
+                let (mut opened, mut failed) = (0u64, Vec::new());
+                while Instant::now() < deadline {
+                    match Engine::open(cfg(&root, BackendKind::Psync).ring_threads(1)) {
+                        Ok(e) => {
+                            opened += 1;
+                            drop(e);
+                        }
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (opened, failed)
+            })
+        })
+        .collect();
+    let mut opened = 0;
+    let mut failed = Vec::new();
+    for t in threads {
+        let (o, f) = t.join().unwrap();
+        opened += o;
+        failed.extend(f);
+    }
+    eprintln!("{opened} opens, {} failed", failed.len());
+    assert!(opened > 100, "only {opened} opens in 3 s");
+    assert!(
+        failed.is_empty(),
+        "{} of {} opens failed, first: {}",
+        failed.len(),
+        opened + failed.len() as u64,
+        failed[0]
+    );
+    // Whatever the engines left is swept by the next one.
+    let last = open(&root, BackendKind::Psync);
+    assert!(last.settle(T));
+    assert_clean(&last, &root);
+}
