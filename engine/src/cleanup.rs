@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -94,6 +94,9 @@ pub(crate) struct Cleanup {
     /// Wakes waiters of [`Cleanup::wait_idle`].
     idle_cv: Condvar,
     pending: AtomicU64,
+    /// Set by [`Cleanup::stop`]; read without the queue's lock inside a batch or a sweep, so a
+    /// shutdown never waits for more than the one unlink under way.
+    stopping: AtomicBool,
     epoch: Instant,
     oldest: Mutex<OldestSample>,
 }
@@ -111,6 +114,7 @@ impl Cleanup {
             cv: Condvar::new(),
             idle_cv: Condvar::new(),
             pending: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
             epoch: Instant::now(),
             oldest: Mutex::new(OldestSample { at: None, age: 0.0 }),
         }
@@ -174,6 +178,17 @@ impl Cleanup {
         self.cv.notify_all();
     }
 
+    /// Puts back a sweep a shutdown interrupted, so reports count it (the worker is stopping:
+    /// the next open sweeps it).
+    pub(crate) fn sweep_left(&self, path: &std::path::Path) {
+        self.queue.lock().sweeps.push_back(path.to_path_buf());
+    }
+
+    /// Orphan sweeps queued and not finished.
+    pub(crate) fn sweeps_pending(&self) -> u64 {
+        self.queue.lock().sweeps.len() as u64
+    }
+
     /// Records pending now (kept on every operation, no scan).
     pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
@@ -223,10 +238,17 @@ impl Cleanup {
         }
     }
 
-    /// Asks the worker to stop after its current batch.
+    /// Asks the worker to stop: it finishes the unlink under way, puts back what it had not
+    /// started, and returns.
     pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.queue.lock().stop = true;
         self.cv.notify_all();
+    }
+
+    /// True once [`Cleanup::stop`] was called.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     /// Lets the worker retry now instead of waiting out its failure delay.
@@ -313,9 +335,14 @@ impl OpSink for DeleteBatch {
                 confirmed(&self.core, entry);
             }
             Err(e) => {
-                Counters::add(&c.delete_failures, 1);
-                tracing::warn!(path = %entry.path().display(), error = %e,
-                    "segment delete failed; handing its name to the cleanup worker");
+                if crate::io::is_abandoned(&e) {
+                    tracing::debug!(path = %entry.path().display(),
+                        "segment delete not started before shutdown's deadline; left for the next open");
+                } else {
+                    Counters::add(&c.delete_failures, 1);
+                    tracing::warn!(path = %entry.path().display(), error = %e,
+                        "segment delete failed; handing its name to the cleanup worker");
+                }
                 let SegmentEntry {
                     dir, seg, ticket, ..
                 } = entry;
@@ -387,16 +414,23 @@ struct WorkerBatch {
     cv: Condvar,
 }
 
-impl OpSink for WorkerBatch {
-    fn complete(&self, token: u64, res: io::Result<usize>) {
-        if let Some(slot) = self.results.lock().get_mut(token as usize) {
-            *slot = Some(res);
-        }
+impl WorkerBatch {
+    /// Counts one record as done: completed, or not attempted (its result stays `None`).
+    fn arrived(&self) {
         let mut left = self.left.lock();
         *left -= 1;
         if *left == 0 {
             self.cv.notify_all();
         }
+    }
+}
+
+impl OpSink for WorkerBatch {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        if let Some(slot) = self.results.lock().get_mut(token as usize) {
+            *slot = Some(res);
+        }
+        self.arrived();
     }
 }
 
@@ -516,6 +550,11 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
                 if n <= INLINE_BATCH {
                     // A small batch costs less as plain syscalls on this (the worker's own)
                     // thread than as two thread hand-offs through a ring.
+                    if core.cleanup.stopping() {
+                        // Shutting down: what is not started stays queued (not attempted).
+                        sink.arrived();
+                        continue;
+                    }
                     let res = crate::io::psync::perform(&op, &core.fault);
                     op.complete(res);
                 } else {
@@ -537,8 +576,13 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     for ((r, res), dir) in batch.into_iter().zip(results).zip(dirs) {
         let ok = match &res {
             Some(Ok(_)) => true,
-            Some(Err(e)) => e.raw_os_error() == Some(libc::ENOENT),
-            None => false,
+            Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(libc::ENOENT),
+            // Not attempted (the worker or the engine is stopping): back to the queue, not a
+            // failure.
+            _ => {
+                failed.push(r);
+                continue;
+            }
         };
         if !ok {
             Counters::add(&core.counters.delete_failures, 1);

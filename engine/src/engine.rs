@@ -186,16 +186,21 @@ impl EngineInner {
                 .clone()
                 .unwrap_or_else(|| self.report(start, false));
         }
+        let core = &self.core;
+        // From the deadline on, queued I/O fails instead of starting: what is left then is
+        // what the kernel already has (a few unlinks per ring, the writes in flight).
+        core.io.set_deadline(deadline);
         // Abort what is still open: every task scope closes everything registered.
         let tasks: Vec<Arc<TaskShared>> =
             self.tasks.lock().iter().filter_map(Weak::upgrade).collect();
         for t in tasks {
             t.close(true);
         }
-        let core = &self.core;
         let drained = wait_until(deadline, || {
             Counters::get(&core.counters.deletes_in_flight) == 0
         }) && core.cleanup.wait_idle(deadline);
+        // The worker checks this inside its batch and its sweep: it finishes the unlink under
+        // way and returns.
         core.cleanup.stop();
         if let Some(t) = self.cleanup_thread.lock().take()
             && t.join().is_err()
@@ -216,8 +221,11 @@ impl EngineInner {
                 let _ = dir::unlink_at(dir::raw(&pfd), &cname, true);
             }
         }
-        core.reaper.flush();
-        self.reaper_thread.stop();
+        // The final closes of deleted files free their blocks: wait for them within the
+        // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
+        let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
+        core.reaper.flush_until(reaped_by);
+        self.reaper_thread.stop(reaped_by);
         let report = self.report(start, drained);
         *self.last_report.lock() = Some(report.clone());
         report
@@ -231,6 +239,7 @@ impl EngineInner {
             cleanup_pending: core.cleanup.pending(),
             tickets_held: core.ledger.used() as u64,
             directories_left: core.dirs.len() as u64,
+            orphan_sweeps_left: core.cleanup.sweeps_pending(),
         }
     }
 }
@@ -247,6 +256,9 @@ impl Drop for EngineInner {
         }
     }
 }
+
+/// How long a shutdown waits for the reaper's closes past an already-spent budget.
+const REAPER_GRACE: Duration = Duration::from_millis(20);
 
 fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
     loop {
@@ -273,6 +285,8 @@ pub struct ShutdownReport {
     pub tickets_held: u64,
     /// Task directories not removed.
     pub directories_left: u64,
+    /// Directories of dead engines not yet swept (the next open sweeps them).
+    pub orphan_sweeps_left: u64,
 }
 
 /// The spill engine. Cheap to clone (clones share one engine); `Send + Sync`.
@@ -333,6 +347,7 @@ impl Engine {
             channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
             pool: pool.clone(),
             fault: cfg.fault_plan.clone(),
+            deadline: Arc::default(),
         };
         let io = match cfg.backend {
             BackendKind::Psync => IoHandle::start_psync(&setup),

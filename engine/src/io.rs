@@ -11,8 +11,9 @@ pub(crate) mod uring;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
@@ -238,6 +239,7 @@ pub(crate) struct IoHandle {
     threads: Mutex<Vec<JoinHandle<()>>>,
     next: AtomicUsize,
     kind: &'static str,
+    deadline: Arc<Deadline>,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -257,6 +259,7 @@ pub(crate) struct IoSetup {
     pub channel_capacity: usize,
     pub pool: Arc<BufferPool>,
     pub fault: Option<Arc<FaultPlan>>,
+    pub deadline: Arc<Deadline>,
 }
 
 impl IoHandle {
@@ -270,7 +273,7 @@ impl IoHandle {
             lanes.push(Lane { id, tx, wake });
             threads.push(join);
         }
-        Ok(Self::assemble(lanes, threads, "io_uring"))
+        Ok(Self::assemble(lanes, threads, "io_uring", setup))
     }
 
     /// Starts psync I/O threads.
@@ -279,7 +282,7 @@ impl IoHandle {
         let mut threads = Vec::new();
         for i in 0..setup.threads {
             let (id, tx, rx) = lane_channel(setup.channel_capacity);
-            let join = psync::spawn(i, id, rx, setup.fault.clone())?;
+            let join = psync::spawn(i, id, rx, setup.fault.clone(), setup.deadline.clone())?;
             lanes.push(Lane {
                 id,
                 tx,
@@ -287,15 +290,30 @@ impl IoHandle {
             });
             threads.push(join);
         }
-        Ok(Self::assemble(lanes, threads, "psync"))
+        Ok(Self::assemble(lanes, threads, "psync", setup))
     }
 
-    fn assemble(lanes: Vec<Lane>, threads: Vec<JoinHandle<()>>, kind: &'static str) -> Self {
+    fn assemble(
+        lanes: Vec<Lane>,
+        threads: Vec<JoinHandle<()>>,
+        kind: &'static str,
+        setup: &IoSetup,
+    ) -> Self {
         IoHandle {
             lanes,
             threads: Mutex::new(threads),
             next: AtomicUsize::new(0),
             kind,
+            deadline: setup.deadline.clone(),
+        }
+    }
+
+    /// From `at` on, queued ops fail with [`abandoned`] instead of starting, and a submit
+    /// waiting for room in a full lane gives up.
+    pub(crate) fn set_deadline(&self, at: Instant) {
+        self.deadline.set(at);
+        for lane in &self.lanes {
+            lane.wake.wake();
         }
     }
 
@@ -329,16 +347,34 @@ impl IoHandle {
             OVERFLOW.with(|o| o.borrow_mut().push_back(op));
             return;
         }
-        // Back-pressure: wait for room.
-        lane.wake.wake();
-        match lane.tx.send(Msg::Op(op)) {
-            Ok(()) => lane.wake.wake(),
-            Err(crossbeam_channel::SendError(Msg::Op(op))) => op.complete(Err(shut_down())),
-            Err(_) => {}
+        // Back-pressure: wait for room, unless a shutdown's deadline passes first.
+        let mut msg = Msg::Op(op);
+        loop {
+            lane.wake.wake();
+            match lane.tx.send_timeout(msg, Duration::from_millis(5)) {
+                Ok(()) => return lane.wake.wake(),
+                Err(crossbeam_channel::SendTimeoutError::Timeout(m)) => {
+                    if self.deadline.passed() {
+                        if let Msg::Op(op) = m {
+                            op.complete(Err(abandoned()));
+                        }
+                        return;
+                    }
+                    msg = m;
+                }
+                Err(crossbeam_channel::SendTimeoutError::Disconnected(m)) => {
+                    if let Msg::Op(op) = m {
+                        op.complete(Err(shut_down()));
+                    }
+                    return;
+                }
+            }
         }
     }
 
-    /// Stops the I/O threads after every queued and in-flight op completed, and waits for them.
+    /// Stops the I/O threads and waits for them: they leave once every op is done, started
+    /// ops by the kernel, queued ones failed if the deadline (see [`IoHandle::set_deadline`])
+    /// passed first.
     pub(crate) fn shutdown(&self) {
         for lane in &self.lanes {
             let _ = lane.tx.send(Msg::Shutdown);
@@ -355,6 +391,51 @@ impl IoHandle {
 
 pub(crate) fn shut_down() -> io::Error {
     io::Error::other("spillring engine is shut down")
+}
+
+/// What an op that was queued but not started when the shutdown budget ran out reports.
+/// (`ECANCELED`: the op never ran, so its effect did not happen.)
+pub(crate) fn abandoned() -> io::Error {
+    io::Error::from_raw_os_error(libc::ECANCELED)
+}
+
+/// True for the error of an op that was never started (see [`abandoned`]).
+pub(crate) fn is_abandoned(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ECANCELED)
+}
+
+/// The instant after which queued ops are failed instead of started (set by a shutdown), so
+/// `shutdown(budget)` waits only for what is already in the kernel.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    base: Instant,
+    /// Nanoseconds after `base`; `u64::MAX` while no shutdown set it.
+    at: AtomicU64,
+}
+
+impl Default for Deadline {
+    fn default() -> Self {
+        Deadline {
+            base: Instant::now(),
+            at: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Deadline {
+    /// Sets the deadline (the earliest one given wins).
+    pub(crate) fn set(&self, at: Instant) {
+        let ns = u64::try_from(at.saturating_duration_since(self.base).as_nanos())
+            .unwrap_or(u64::MAX - 1);
+        self.at.fetch_min(ns, Ordering::AcqRel);
+    }
+
+    /// True once a deadline was set and has passed. One atomic load while none is set.
+    #[inline]
+    pub(crate) fn passed(&self) -> bool {
+        let at = self.at.load(Ordering::Acquire);
+        at != u64::MAX && self.base.elapsed().as_nanos() >= u128::from(at)
+    }
 }
 
 struct NoWake;
@@ -585,18 +666,31 @@ impl Reaper {
 
     /// Waits (up to 10 s) until everything reaped before this call was dropped.
     pub(crate) fn flush(&self) {
-        let Some(tx) = &self.tx else { return };
-        let _one_at_a_time = self.flushing.lock();
+        self.flush_until(Instant::now() + FLUSH_LIMIT);
+    }
+
+    /// Waits until everything reaped before this call was dropped, or until `deadline`; true
+    /// if everything was.
+    pub(crate) fn flush_until(&self, deadline: Instant) -> bool {
+        let Some(tx) = &self.tx else { return true };
+        let Some(_one_at_a_time) = self.flushing.try_lock_until(deadline) else {
+            return false;
+        };
         let gate = Arc::new(FlushGate {
             left: Mutex::new(REAPER_THREADS),
             cv: parking_lot::Condvar::new(),
+            deadline,
         });
         for _ in 0..REAPER_THREADS {
-            if tx.send(Reaped::Flush(gate.clone())).is_err() {
-                return;
+            if tx
+                .send_deadline(Reaped::Flush(gate.clone()), deadline)
+                .is_err()
+            {
+                // Gone, or full until the deadline: the gates sent so far expire at it.
+                return false;
             }
         }
-        gate.wait();
+        gate.wait()
     }
 }
 
@@ -607,7 +701,12 @@ impl Reaper {
 pub(crate) struct FlushGate {
     left: Mutex<usize>,
     cv: parking_lot::Condvar,
+    /// Nobody waits at the gate past this.
+    deadline: Instant,
 }
+
+/// Longest a plain [`Reaper::flush`] waits.
+const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 impl FlushGate {
     fn arrive(&self) {
@@ -618,14 +717,15 @@ impl FlushGate {
         }
     }
 
-    fn wait(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// Waits until every thread arrived (true) or the gate's deadline passed (false).
+    fn wait(&self) -> bool {
         let mut left = self.left.lock();
         while *left > 0 {
-            if self.cv.wait_until(&mut left, deadline).timed_out() {
-                return;
+            if self.cv.wait_until(&mut left, self.deadline).timed_out() {
+                return *left == 0;
             }
         }
+        true
     }
 }
 
@@ -636,7 +736,7 @@ fn reaper_loop(rx: &Receiver<Reaped>) {
             Reaped::Stop => return,
             Reaped::Flush(gate) => {
                 gate.arrive();
-                gate.wait();
+                let _ = gate.wait();
             }
             other => drop(other),
         }
@@ -651,17 +751,28 @@ pub(crate) struct ReaperThread {
 }
 
 impl ReaperThread {
-    /// Stops the reaper threads once they dropped what was queued before this call. Later
-    /// reaps are dropped on the thread that makes them.
-    pub(crate) fn stop(&self) {
+    /// Stops the reaper threads once they dropped what was queued before this call, waiting
+    /// for them until `deadline`: threads still closing files then are left to finish on
+    /// their own (detached). Later reaps are dropped on the thread that makes them.
+    pub(crate) fn stop(&self, deadline: Instant) {
         if let Some(tx) = self.tx.lock().take() {
             let threads = self.joins.lock().len();
             for _ in 0..threads {
-                let _ = tx.send(Reaped::Stop);
+                if tx.send_deadline(Reaped::Stop, deadline).is_err() {
+                    // Full until the deadline: a thread that finds the channel closed (every
+                    // sender gone) stops too.
+                    break;
+                }
             }
         }
-        for j in std::mem::take(&mut *self.joins.lock()) {
-            let _ = j.join();
+        let joins = std::mem::take(&mut *self.joins.lock());
+        for j in joins {
+            while !j.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if j.is_finished() {
+                let _ = j.join();
+            }
         }
     }
 }

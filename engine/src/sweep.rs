@@ -162,13 +162,16 @@ fn claim_one(
 pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     let mut files = 0u64;
     let mut dirs = 0u64;
-    let r = remove_tree(path, &mut files, &mut dirs);
+    let stop = || core.cleanup.stopping();
+    let r = remove_tree(path, &mut files, &mut dirs, &stop);
     Counters::add(&core.counters.orphan_files_swept, files);
     match r {
         Ok(()) => {
             Counters::add(&core.counters.orphan_dirs_swept, 1);
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        // Stopped by a shutdown: the rest stays in our process directory for the next open.
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => core.cleanup.sweep_left(path),
         Err(e) => {
             Counters::add(&core.counters.delete_failures, 1);
             tracing::warn!(dir = %path.display(), error = %e, "sweep of an orphan directory failed; will retry");
@@ -178,12 +181,22 @@ pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     }
 }
 
-fn remove_tree(path: &Path, files: &mut u64, dirs: &mut u64) -> io::Result<()> {
+/// Removes `path` and everything under it; stops with `Interrupted` as soon as `stop()` says
+/// so (checked before every unlink).
+fn remove_tree(
+    path: &Path,
+    files: &mut u64,
+    dirs: &mut u64,
+    stop: &dyn Fn() -> bool,
+) -> io::Result<()> {
     for entry in std::fs::read_dir(path)? {
+        if stop() {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
         let entry = entry?;
         let p = entry.path();
         if entry.file_type()?.is_dir() {
-            remove_tree(&p, files, dirs)?;
+            remove_tree(&p, files, dirs, stop)?;
         } else {
             match std::fs::remove_file(&p) {
                 Ok(()) => *files += 1,

@@ -8,8 +8,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Receiver;
 
 use super::{
-    Msg, Op, OpKind, WriteData, enter_lane, fail_remaining, injected, pwrite_all, skip_len,
-    take_overflow,
+    Deadline, Msg, Op, OpKind, WriteData, abandoned, enter_lane, fail_remaining, injected,
+    pwrite_all, skip_len, take_overflow,
 };
 use crate::fault::{FaultPlan, Injected};
 
@@ -18,6 +18,7 @@ pub(crate) fn spawn(
     lane: usize,
     rx: Receiver<Msg>,
     fault: Option<Arc<FaultPlan>>,
+    deadline: Arc<Deadline>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("spillring-psync-{index}"))
@@ -29,7 +30,7 @@ pub(crate) fn spawn(
                 // Ops this thread queued to itself (from completions) come first.
                 take_overflow(&mut own);
                 if let Some(op) = own.pop_front() {
-                    run(op, &fault);
+                    run(op, &fault, &deadline);
                     continue;
                 }
                 let msg = if stopping {
@@ -44,7 +45,7 @@ pub(crate) fn spawn(
                     }
                 };
                 match msg {
-                    Msg::Op(op) => run(op, &fault),
+                    Msg::Op(op) => run(op, &fault, &deadline),
                     Msg::Shutdown => stopping = true,
                 }
             }
@@ -52,7 +53,11 @@ pub(crate) fn spawn(
         })
 }
 
-fn run(op: Op, fault: &Option<Arc<FaultPlan>>) {
+fn run(op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
+    if deadline.passed() {
+        // A shutdown's budget ran out before this op started: it is not started at all.
+        return op.complete(Err(abandoned()));
+    }
     let res = perform(&op, fault);
     op.complete(res);
 }

@@ -19,11 +19,19 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, TryRecvError};
 use io_uring::{IoUring, opcode, register::Probe, squeue, types};
 
-use super::{IoSetup, Msg, Op, OpKind, Wake, WriteData, fail_remaining, injected, skip_len};
+use super::{
+    Deadline, IoSetup, Msg, Op, OpKind, Wake, WriteData, abandoned, fail_remaining, injected,
+    skip_len,
+};
 use crate::error::cqe_result;
 use crate::fault::{FaultPlan, Injected};
 
 const WAKE_TOKEN: u64 = u64::MAX;
+
+/// Unlinks in the kernel at once per ring. io-wq runs at most 4 of them in parallel anyway (its
+/// worker cap), and each can take tens of milliseconds on a disk with online discard: what is
+/// in the kernel is what a shutdown must wait for, so only a few go there at a time.
+const MAX_UNLINKS: usize = 8;
 
 /// Wakes a ring thread blocked in `io_uring_enter` by writing its eventfd.
 struct EventWake {
@@ -78,7 +86,11 @@ struct Ring {
     slots: Box<[Slot]>,
     free: Vec<usize>,
     backlog: VecDeque<Op>,
+    /// Unlinks waiting for one of the [`MAX_UNLINKS`] unlink slots.
+    unlinks: VecDeque<Op>,
+    unlinks_inflight: usize,
     inflight: usize,
+    deadline: Arc<Deadline>,
     fixed: bool,
     registered: Vec<bool>,
     fault: Option<Arc<FaultPlan>>,
@@ -151,7 +163,10 @@ pub(crate) fn spawn(
         free: (0..nops).rev().collect(),
         // Sized once: it never holds more than the free slots (plus ops the thread sends itself).
         backlog: VecDeque::with_capacity(nops),
+        unlinks: VecDeque::new(),
+        unlinks_inflight: 0,
         inflight: 0,
+        deadline: setup.deadline.clone(),
         fixed,
         registered: vec![false; if fixed { nslots } else { 0 }],
         fault: setup.fault.clone(),
@@ -176,7 +191,7 @@ impl Ring {
             super::take_overflow(&mut self.backlog);
             // Take only what free slots can start: the rest waits in the bounded channel,
             // which holds its senders back, instead of growing a queue here.
-            while self.backlog.len() < self.free.len() {
+            while self.backlog.len() + self.unlinks.len() < self.free.len() {
                 match self.rx.try_recv() {
                     Ok(Msg::Op(op)) => self.backlog.push_back(op),
                     Ok(Msg::Shutdown) => shutting_down = true,
@@ -187,6 +202,7 @@ impl Ring {
                     }
                 }
             }
+            self.start_unlinks();
             while !self.free.is_empty() {
                 let Some(op) = self.backlog.pop_front() else {
                     break;
@@ -196,14 +212,20 @@ impl Ring {
             if self.backlog.is_empty() && self.backlog.capacity() > 4096 {
                 self.backlog.shrink_to(64);
             }
-            if shutting_down && self.inflight == 0 && self.backlog.is_empty() && self.rx.is_empty()
+            if shutting_down
+                && self.inflight == 0
+                && self.backlog.is_empty()
+                && self.unlinks.is_empty()
+                && self.rx.is_empty()
             {
                 break;
             }
             let mut want = usize::from(self.ring.completion().is_empty());
             if want == 1 {
                 self.wake.sleeping.store(true, Ordering::SeqCst);
-                let waiting = !self.backlog.is_empty() || !self.rx.is_empty();
+                let waiting = !self.backlog.is_empty()
+                    || !self.rx.is_empty()
+                    || (!self.unlinks.is_empty() && self.unlinks_inflight < MAX_UNLINKS);
                 if waiting && !self.free.is_empty() {
                     want = 0;
                 }
@@ -245,7 +267,26 @@ impl Ring {
         }
     }
 
+    /// Starts waiting unlinks while unlink slots are free.
+    fn start_unlinks(&mut self) {
+        while self.unlinks_inflight < MAX_UNLINKS && !self.free.is_empty() {
+            let Some(op) = self.unlinks.pop_front() else {
+                break;
+            };
+            self.start(op);
+        }
+    }
+
     fn start(&mut self, op: Op) {
+        if self.deadline.passed() {
+            // A shutdown's budget ran out before this op started: it is not started at all.
+            return op.complete(Err(abandoned()));
+        }
+        let is_unlink = matches!(op.kind, OpKind::Unlink { .. });
+        if is_unlink && self.unlinks_inflight >= MAX_UNLINKS {
+            self.unlinks.push_back(op);
+            return;
+        }
         let fail_after = match injected(&self.fault, &op) {
             Injected::Fail(e) => {
                 op.complete(Err(io::Error::from_raw_os_error(e)));
@@ -264,6 +305,9 @@ impl Ring {
             return;
         };
         self.register_buffer_for(&op);
+        if is_unlink {
+            self.unlinks_inflight += 1;
+        }
         let slot = &mut self.slots[idx];
         slot.op = Some(op);
         slot.done = 0;
@@ -410,6 +454,9 @@ impl Ring {
     fn finish(&mut self, idx: usize, mut res: io::Result<usize>) {
         let slot = &mut self.slots[idx];
         let Some(op) = slot.op.take() else { return };
+        if matches!(op.kind, OpKind::Unlink { .. }) {
+            self.unlinks_inflight -= 1;
+        }
         if let Some(e) = slot.fail_after.take()
             && res.is_ok()
         {
