@@ -52,6 +52,9 @@ pub(crate) struct SegmentEntry {
     pub seg: u32,
     /// Written length (set when the segment is sealed).
     pub len: u64,
+    /// Bytes allocated to the file up front (direct mode, `preallocate`) that the writer has
+    /// not yet given back; 0 once trimmed or if none. The ticket holds at least this much.
+    pub allocated: u64,
     pub ticket: Ticket,
 }
 

@@ -166,6 +166,17 @@ impl Ticket {
         }
     }
 
+    /// Grows the quota this ticket holds to `bytes`, or refuses with `QuotaExceeded` and
+    /// changes nothing.
+    pub(crate) fn grow_to(&mut self, bytes: u64) -> Result<()> {
+        let want = pages(bytes);
+        if want > self.pages {
+            self.ledger.take_pages(want - self.pages)?;
+            self.pages = want;
+        }
+        Ok(())
+    }
+
     /// Keeps the capacity held without a pointer to the ledger, for a name-only record.
     pub(crate) fn retain(self) -> RetainedTicket {
         let pages = u32::try_from(self.pages).unwrap_or(u32::MAX);
@@ -233,6 +244,21 @@ mod tests {
         let b = l.reserve(2 * PAGE).unwrap();
         assert_eq!(l.bytes_used(), 3 * PAGE);
         drop((a, b));
+        assert_eq!(l.bytes_used(), 0);
+    }
+
+    #[test]
+    fn a_ticket_grows_within_the_quota_only() {
+        let l = Ledger::new(10, Some(4 * PAGE));
+        let mut a = l.reserve(PAGE).unwrap();
+        a.grow_to(3 * PAGE).unwrap();
+        assert_eq!(l.bytes_used(), 3 * PAGE);
+        let err = a.grow_to(5 * PAGE).unwrap_err();
+        assert!(matches!(err, SpillError::QuotaExceeded { .. }), "{err}");
+        assert_eq!(l.bytes_used(), 3 * PAGE, "a refused growth changes nothing");
+        a.grow_to(2 * PAGE).unwrap(); // never shrinks
+        assert_eq!(l.bytes_used(), 3 * PAGE);
+        drop(a);
         assert_eq!(l.bytes_used(), 0);
     }
 

@@ -118,8 +118,10 @@ impl Tracker {
 /// The segment being written.
 struct OpenSegment {
     entry_index: usize,
-    /// Bytes allocated to the file at creation (direct mode), 0 if none.
+    /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
     allocated: u64,
+    /// Bytes of quota the segment's ticket holds.
+    reserved: u64,
     file: Arc<FileHandle>,
     /// Bytes appended so far (header included): the next record's offset.
     logical: u64,
@@ -157,8 +159,6 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     staging: Option<IoBuf>,
     placing: Option<Placing>,
-    /// The last segment, to trim to its written length once its writes are done.
-    trim: Option<(Arc<FileHandle>, u64)>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -227,7 +227,6 @@ impl SpillWriter {
             seg: None,
             staging: None,
             placing: None,
-            trim: None,
             life: Life::Open,
             core,
         })
@@ -275,7 +274,7 @@ impl SpillWriter {
         self.check_open()?;
         let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
         self.settle(r)?;
-        self.trim_last();
+        self.trim_allocations();
         self.hand_off()
     }
 
@@ -289,7 +288,7 @@ impl SpillWriter {
         })
         .await;
         self.settle(r)?;
-        self.trim_last();
+        self.trim_allocations();
         self.hand_off()
     }
 
@@ -429,8 +428,23 @@ impl SpillWriter {
         {
             ready_ok!(self.poll_seal(wait));
         }
-        if self.seg.is_none() {
+        let Some(seg) = &mut self.seg else {
             return Poll::Ready(self.open_segment(need));
+        };
+        if seg.logical + need > seg.reserved {
+            // Only an empty segment gets here (a dropped `RecordSlot` opened it): the record
+            // goes in whole, so its ticket must cover it.
+            let mut bytes = seg.logical + need;
+            if self.direct {
+                bytes = bytes.next_multiple_of(DIRECT_ALIGN as u64);
+            }
+            let mut f = self.shared.files.lock();
+            if let Some(e) = f.entries.get_mut(seg.entry_index) {
+                if let Err(err) = e.ticket.grow_to(bytes) {
+                    return Poll::Ready(Err(err));
+                }
+                seg.reserved = bytes;
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -593,16 +607,16 @@ impl SpillWriter {
         let inline = last && matches!(wait, Wait::Block);
         ready_ok!(self.flush_staging_with(wait, direct, inline));
         if let Some(seg) = self.seg.take() {
-            if last && seg.allocated > seg.logical.next_multiple_of(DIRECT_ALIGN as u64) {
-                self.trim = Some((
-                    seg.file.clone(),
-                    seg.logical.next_multiple_of(DIRECT_ALIGN as u64),
-                ));
-            }
             let mut f = self.shared.files.lock();
             if let Some(e) = f.entries.get_mut(seg.entry_index) {
                 e.len = seg.logical;
-                e.ticket.shrink_to(seg.logical);
+                // The quota bounds allocated blocks: a segment allocated up front keeps its
+                // whole ticket until `finish` gives the unused tail back.
+                if seg.allocated > trimmed_len(seg.logical) {
+                    e.allocated = seg.allocated;
+                } else {
+                    e.ticket.shrink_to(seg.logical);
+                }
             }
         }
         Poll::Ready(Ok(()))
@@ -693,7 +707,7 @@ impl SpillWriter {
             } else {
                 Ok(false)
             };
-            let allocated = if matches!(prealloc, Ok(true)) && self.direct {
+            let allocated = if matches!(prealloc, Ok(true)) {
                 reserve
             } else {
                 0
@@ -731,6 +745,7 @@ impl SpillWriter {
                 dir: dir.clone(),
                 seg,
                 len: 0,
+                allocated: 0,
                 ticket,
             });
             f.entries.len() - 1
@@ -745,6 +760,7 @@ impl SpillWriter {
         self.seg = Some(OpenSegment {
             entry_index,
             allocated,
+            reserved: reserve,
             file,
             logical: HEADER_LEN as u64,
             staged_at: 0,
@@ -763,6 +779,7 @@ impl SpillWriter {
             dir: dir.clone(),
             seg,
             len: 0,
+            allocated: 0,
             ticket,
         };
         delete_segments(&self.core, self.lane, vec![entry]);
@@ -829,23 +846,55 @@ impl SpillWriter {
         delete_segments(&self.core, self.lane, entries);
     }
 
-    /// Gives back the unused tail of the last segment's allocation (direct mode). Runs after
-    /// every write of the writer completed, so it never waits for one.
-    fn trim_last(&mut self) {
-        if let Some((file, len)) = self.trim.take()
-            && let Err(e) = dir::truncate(file.raw(), len)
-        {
-            // Only disk space is at stake: the reader uses the written length.
-            tracing::debug!(error = %e, "trimming the last segment failed");
+    /// Gives back the unused tails of segments allocated up front (direct mode, `preallocate`),
+    /// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
+    /// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
+    /// trim fails keeps its whole ticket: the quota still counts what is allocated.
+    fn trim_allocations(&mut self) {
+        for i in 0.. {
+            let target = {
+                let f = self.shared.files.lock();
+                let Some(e) = f.entries.get(i) else { break };
+                (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated))
+            };
+            let Some((dir, seg, len, allocated)) = target else {
+                continue;
+            };
+            // Direct mode padded the last write to whole blocks; a buffered file is exactly
+            // `len` long. Truncating to the size it has frees the blocks allocated past it
+            // (ext4 and tmpfs truncate preallocated blocks even when the size does not change;
+            // punching a hole past the end is a no-op on ext4).
+            let keep = if self.direct { trimmed_len(len) } else { len };
+            let name = SegmentFileName::new(seg);
+            let r = dir::open_write_at(dir.raw(), name.as_cstr())
+                .and_then(|fd| dir::truncate(dir::raw(&fd), keep.min(allocated)));
+            match r {
+                Ok(()) => {
+                    let mut f = self.shared.files.lock();
+                    if let Some(e) = f.entries.get_mut(i) {
+                        e.allocated = 0;
+                        e.ticket.shrink_to(len);
+                    }
+                }
+                // Only disk space is at stake: the reader uses the written length.
+                Err(e) => {
+                    tracing::debug!(error = %e, "trimming a segment failed; keeping its ticket")
+                }
+            }
         }
     }
 
     fn release_io(&mut self) {
-        self.trim = None;
         self.placing = None;
         self.staging = None;
         self.seg = None;
     }
+}
+
+/// What a segment of `len` written bytes keeps on disk after its trim: whole 4 KiB blocks
+/// (direct mode pads its last write to them).
+fn trimmed_len(len: u64) -> u64 {
+    len.next_multiple_of(DIRECT_ALIGN as u64)
 }
 
 fn check_len(len: usize) -> Result<()> {
