@@ -45,7 +45,11 @@ pub(crate) struct Record {
 
 const _: () = assert!(std::mem::size_of::<Record>() == 16);
 
-/// One segment file owned by whoever holds this: its directory, number and ticket.
+/// One segment file owned by whoever holds this: its directory, number and ticket. It ends by
+/// a confirmed delete or publish ([`SegmentEntry::release`]) or by a hand-off of its name to
+/// the cleanup worker ([`SegmentEntry::retain`]); dropped any other way (a bug, or an op that
+/// never completed), its name goes to the cleanup worker with its ticket, so the file is
+/// never forgotten while it may exist.
 #[derive(Debug)]
 pub(crate) struct SegmentEntry {
     pub dir: Arc<TaskDir>,
@@ -55,12 +59,64 @@ pub(crate) struct SegmentEntry {
     /// Bytes allocated to the file up front (direct mode, `preallocate`) that the writer has
     /// not yet given back; 0 once trimmed or if none. The ticket holds at least this much.
     pub allocated: u64,
-    pub ticket: Ticket,
+    /// `None` only once the entry ended (release or retain).
+    ticket: Option<Ticket>,
 }
 
 impl SegmentEntry {
+    pub(crate) fn new(dir: Arc<TaskDir>, seg: u32, ticket: Ticket) -> Self {
+        SegmentEntry {
+            dir,
+            seg,
+            len: 0,
+            allocated: 0,
+            ticket: Some(ticket),
+        }
+    }
+
     pub(crate) fn path(&self) -> PathBuf {
         self.dir.path.join(SegmentFileName::new(self.seg).as_str())
+    }
+
+    /// Shrinks the ticket's quota to `bytes` (see [`Ticket::shrink_to`]).
+    pub(crate) fn shrink_to(&mut self, bytes: u64) {
+        if let Some(t) = &mut self.ticket {
+            t.shrink_to(bytes);
+        }
+    }
+
+    /// Grows the ticket's quota to `bytes` (see [`Ticket::grow_to`]).
+    pub(crate) fn grow_to(&mut self, bytes: u64) -> crate::error::Result<()> {
+        match &mut self.ticket {
+            Some(t) => t.grow_to(bytes),
+            None => Ok(()),
+        }
+    }
+
+    /// The file is confirmed gone (or published): releases the ticket and returns the
+    /// directory, whose file count the caller decrements.
+    pub(crate) fn release(mut self) -> Arc<TaskDir> {
+        drop(self.ticket.take());
+        self.dir.clone()
+    }
+
+    /// Hands the name to the cleanup worker, ticket held.
+    pub(crate) fn retain(mut self, cleanup: &Cleanup) {
+        if let Some(t) = self.ticket.take() {
+            cleanup.retain_file(&self.dir, self.seg, t.retain());
+        }
+    }
+}
+
+impl Drop for SegmentEntry {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            tracing::warn!(path = %self.path().display(),
+                "a segment was dropped without a hand-off; its name goes to the cleanup worker");
+            self.dir
+                .cleanup
+                .retain_file(&self.dir, self.seg, t.retain());
+        }
     }
 }
 
@@ -346,10 +402,7 @@ impl OpSink for DeleteBatch {
                     tracing::warn!(path = %entry.path().display(), error = %e,
                         "segment delete failed; handing its name to the cleanup worker");
                 }
-                let SegmentEntry {
-                    dir, seg, ticket, ..
-                } = entry;
-                self.core.cleanup.retain_file(&dir, seg, ticket.retain());
+                entry.retain(&self.core.cleanup);
             }
         }
         // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
@@ -360,8 +413,7 @@ impl OpSink for DeleteBatch {
 
 /// A file is confirmed gone: release its ticket and maybe remove its directory.
 fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
-    let SegmentEntry { dir, ticket, .. } = entry;
-    drop(ticket);
+    let dir = entry.release();
     if dir.file_gone() == DirNext::Remove {
         remove_dir(core, &dir.entry);
     }
@@ -609,4 +661,55 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         }
     }
     failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dir::{DirTable, ProcDir};
+    use crate::io::{FileHandle, Reaper};
+    use crate::ledger::Ledger;
+    use std::path::Path;
+
+    fn task_dir(cleanup: &Arc<Cleanup>) -> Arc<TaskDir> {
+        let fd = || crate::dir::open_dir(Path::new("/")).unwrap();
+        let parent = Arc::new(ProcDir {
+            path: PathBuf::from("/"),
+            fd: FileHandle::new(fd(), Reaper::inline()),
+            root: 0,
+        });
+        let table = DirTable::default();
+        let entry = table.insert(PathBuf::from("/t"), NameBuf::new(b"t").unwrap(), parent);
+        assert!(entry.file_coming());
+        Arc::new(TaskDir {
+            entry,
+            fd: FileHandle::new(fd(), Reaper::inline()),
+            cleanup: cleanup.clone(),
+        })
+    }
+
+    /// A segment dropped without a hand-off keeps its ticket and sends its name to the cleanup
+    /// worker: the file may exist, so it is never silently forgotten.
+    #[test]
+    fn a_segment_dropped_without_a_hand_off_goes_to_the_cleanup_worker() {
+        let cleanup = Arc::new(Cleanup::new());
+        let ledger = Ledger::new(4, None);
+        let dir = task_dir(&cleanup);
+        let e = SegmentEntry::new(dir.clone(), 7, ledger.reserve(8192).unwrap());
+        drop(e);
+        assert_eq!(
+            ledger.used(),
+            1,
+            "the ticket stays held until a confirmed delete"
+        );
+        assert_eq!(ledger.bytes_used(), 8192);
+        assert_eq!(cleanup.pending(), 1);
+        assert_eq!(cleanup.snapshot(), vec![(dir.index, 7)]);
+        // Released or retained entries end for good: no second record.
+        SegmentEntry::new(dir.clone(), 8, ledger.reserve(1).unwrap()).retain(&cleanup);
+        assert_eq!(cleanup.pending(), 2);
+        drop(SegmentEntry::new(dir, 9, ledger.reserve(1).unwrap()).release());
+        assert_eq!(cleanup.pending(), 2);
+        assert_eq!(ledger.used(), 2);
+    }
 }

@@ -258,6 +258,8 @@ impl DirEntry {
 pub(crate) struct TaskDir {
     pub entry: Arc<DirEntry>,
     pub fd: Arc<FileHandle>,
+    /// Where a segment of this directory dropped without a hand-off sends its name.
+    pub cleanup: Arc<crate::cleanup::Cleanup>,
 }
 
 impl std::ops::Deref for TaskDir {

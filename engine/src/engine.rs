@@ -38,7 +38,7 @@ pub(crate) struct Core {
     pub(crate) dirs: DirTable,
     pub(crate) proc_dirs: Vec<Arc<ProcDir>>,
     roots: Vec<RootHealth>,
-    pub(crate) cleanup: Cleanup,
+    pub(crate) cleanup: Arc<Cleanup>,
     pub(crate) reaper: Reaper,
     pub(crate) fault: Option<Arc<FaultPlan>>,
     next_root: AtomicUsize,
@@ -377,7 +377,7 @@ impl Engine {
             dirs: DirTable::default(),
             roots: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
             proc_dirs,
-            cleanup: Cleanup::new(),
+            cleanup: Arc::new(Cleanup::new()),
             reaper,
             next_root: AtomicUsize::new(0),
         });

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
 use crate::dir::{self, DirNext, TaskDir};
@@ -22,14 +22,25 @@ use crate::reader::SpillReader;
 use crate::segment::SegmentFileName;
 use crate::task::{Member, TaskShared};
 
+/// Where a state's files are in their life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// The state holds them.
+    Held,
+    /// `publish` is renaming them: grants wait for it to end (it rolls back to `Held` when
+    /// nothing moved).
+    Publishing,
+    /// They went to the caller by `publish`.
+    Published,
+    /// Deleted or queued for deletion (last grant released, or the scope closed the state).
+    Gone,
+}
+
 #[derive(Debug)]
 struct Owned {
     entries: Vec<SegmentEntry>,
     grants: usize,
-    /// Files released: deleted, queued for deletion, or published.
-    done: bool,
-    /// The files went to the caller by `publish`.
-    published: bool,
+    life: Life,
 }
 
 pub(crate) struct StateInner {
@@ -37,6 +48,8 @@ pub(crate) struct StateInner {
     lane: usize,
     segments: usize,
     owned: Mutex<Owned>,
+    /// Wakes grants waiting for a publish to end.
+    published_cv: Condvar,
     /// Set when the scope closed the state: readers report `Aborted`.
     aborted: AtomicBool,
     scope_id: AtomicU64,
@@ -72,19 +85,32 @@ impl StateInner {
         self.segments
     }
 
-    /// Takes a grant unless the files are already gone.
+    /// Takes a grant unless the files are already gone. Waits for a publish under way to end.
     fn acquire(&self) -> Result<()> {
         let mut o = self.owned.lock();
-        if o.published {
-            return Err(SpillError::Closed {
-                what: "published state",
-            });
-        }
-        if o.done || self.is_aborted() {
-            return Err(SpillError::Aborted);
+        loop {
+            if self.is_aborted() {
+                return Err(SpillError::Aborted);
+            }
+            match o.life {
+                Life::Held => break,
+                Life::Publishing => self.published_cv.wait(&mut o),
+                Life::Published => {
+                    return Err(SpillError::Closed {
+                        what: "published state",
+                    });
+                }
+                Life::Gone => return Err(SpillError::Aborted),
+            }
         }
         o.grants += 1;
         Ok(())
+    }
+
+    /// Ends a publish: the files are back (`Held`), gone, or the caller's.
+    fn end_publish(&self, o: &mut Owned, life: Life) {
+        o.life = life;
+        self.published_cv.notify_all();
     }
 
     /// Releases a grant; the last one deletes the files.
@@ -92,10 +118,10 @@ impl StateInner {
         let entries = {
             let mut o = self.owned.lock();
             o.grants -= 1;
-            if o.grants > 0 || o.done {
+            if o.grants > 0 || o.life != Life::Held {
                 return;
             }
-            o.done = true;
+            o.life = Life::Gone;
             std::mem::take(&mut o.entries)
         };
         self.task.unregister(self.scope_id.load(Ordering::Acquire));
@@ -108,10 +134,11 @@ impl Member for StateInner {
         let entries = {
             let mut o = self.owned.lock();
             self.aborted.store(true, Ordering::Release);
-            if o.done {
+            // A publish under way settles its files itself: it sees the flag when it ends.
+            if o.life != Life::Held {
                 return;
             }
-            o.done = true;
+            o.life = Life::Gone;
             std::mem::take(&mut o.entries)
         };
         delete_segments(self.core(), self.lane, entries);
@@ -143,9 +170,9 @@ impl SpilledState {
             owned: Mutex::new(Owned {
                 entries,
                 grants: 1,
-                done: false,
-                published: false,
+                life: Life::Held,
             }),
+            published_cv: Condvar::new(),
             aborted: AtomicBool::new(false),
             scope_id: AtomicU64::new(0),
             bytes,
@@ -218,23 +245,31 @@ impl SpilledState {
         let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         let entries = {
             let mut o = inner.owned.lock();
-            if o.published {
-                return Err(SpillError::Closed {
-                    what: "published state",
-                });
-            }
-            if o.done || inner.is_aborted() {
-                return Err(SpillError::Aborted);
+            match o.life {
+                Life::Published | Life::Publishing => {
+                    return Err(SpillError::Closed {
+                        what: "published state",
+                    });
+                }
+                Life::Gone => return Err(SpillError::Aborted),
+                Life::Held if inner.is_aborted() => return Err(SpillError::Aborted),
+                Life::Held => {}
             }
             if o.grants > 1 {
                 return Err(SpillError::InvalidConfig(
                     "publish needs the only grant: drop readers and clones first".into(),
                 ));
             }
-            o.done = true;
+            o.life = Life::Publishing;
             std::mem::take(&mut o.entries)
         };
         let core = inner.core().clone();
+        let task_plan = inner.task.fault_plan();
+        let _ = crate::fault::check2(
+            task_plan.as_ref(),
+            &core.fault,
+            crate::fault::FaultPoint::StatePublish,
+        );
         let mut moved = 0;
         let mut failure: Option<SpillError> = None;
         for (i, e) in entries.iter().enumerate() {
@@ -262,11 +297,12 @@ impl SpilledState {
             // (unless the scope closed meanwhile: then they go the way of an abort).
             let mut o = inner.owned.lock();
             if inner.is_aborted() {
+                inner.end_publish(&mut o, Life::Gone);
                 drop(o);
                 delete_segments(&core, inner.lane, entries);
             } else {
                 o.entries = entries;
-                o.done = false;
+                inner.end_publish(&mut o, Life::Held);
             }
             return Err(err);
         } else if let Some(err) = failure {
@@ -275,14 +311,14 @@ impl SpilledState {
             let out = forget_published(&core, dest, prefix, published);
             tracing::warn!(published = ?out, error = %err, "publish failed part way; the rest are deleted");
             delete_segments(&core, inner.lane, rest);
-            inner.owned.lock().published = true;
+            inner.end_publish(&mut inner.owned.lock(), Life::Published);
             inner
                 .task
                 .unregister(inner.scope_id.load(Ordering::Acquire));
             return Err(err);
         }
         let out = forget_published(&core, dest, prefix, entries);
-        inner.owned.lock().published = true;
+        inner.end_publish(&mut inner.owned.lock(), Life::Published);
         inner
             .task
             .unregister(inner.scope_id.load(Ordering::Acquire));
@@ -311,8 +347,7 @@ fn forget_published(
     for (i, e) in entries.into_iter().enumerate() {
         Counters::add(&core.counters.files_published, 1);
         out.push(dest.join(format!("{prefix}-{i:06}.bin")));
-        let SegmentEntry { dir, ticket, .. } = e;
-        drop(ticket);
+        let dir = e.release();
         if dir.file_gone() == DirNext::Remove {
             remove_dir(core, &dir.entry);
         }

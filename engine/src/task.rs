@@ -160,6 +160,7 @@ impl TaskShared {
         let d = Arc::new(TaskDir {
             entry: core.dirs.insert(path.clone(), nbuf, proc_dir.clone()),
             fd: FileHandle::new(fd, core.reaper.clone()),
+            cleanup: core.cleanup.clone(),
         });
         dirs[root] = Some(d.clone());
         Ok(d)

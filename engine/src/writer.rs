@@ -440,7 +440,7 @@ impl SpillWriter {
             }
             let mut f = self.shared.files.lock();
             if let Some(e) = f.entries.get_mut(seg.entry_index) {
-                if let Err(err) = e.ticket.grow_to(bytes) {
+                if let Err(err) = e.grow_to(bytes) {
                     return Poll::Ready(Err(err));
                 }
                 seg.reserved = bytes;
@@ -615,7 +615,7 @@ impl SpillWriter {
                 if seg.allocated > trimmed_len(seg.logical) {
                     e.allocated = seg.allocated;
                 } else {
-                    e.ticket.shrink_to(seg.logical);
+                    e.shrink_to(seg.logical);
                 }
             }
         }
@@ -741,13 +741,7 @@ impl SpillWriter {
                 self.delete_now(&dir, seg, ticket, true);
                 return Err(SpillError::Aborted);
             }
-            f.entries.push(SegmentEntry {
-                dir: dir.clone(),
-                seg,
-                len: 0,
-                allocated: 0,
-                ticket,
-            });
+            f.entries.push(SegmentEntry::new(dir.clone(), seg, ticket));
             f.entries.len() - 1
         };
         let file = FileHandle::new(fd, core.reaper.clone());
@@ -775,13 +769,7 @@ impl SpillWriter {
         if late {
             Counters::add(&self.core.counters.late_files_deleted, 1);
         }
-        let entry = SegmentEntry {
-            dir: dir.clone(),
-            seg,
-            len: 0,
-            allocated: 0,
-            ticket,
-        };
+        let entry = SegmentEntry::new(dir.clone(), seg, ticket);
         delete_segments(&self.core, self.lane, vec![entry]);
     }
 
@@ -873,7 +861,7 @@ impl SpillWriter {
                     let mut f = self.shared.files.lock();
                     if let Some(e) = f.entries.get_mut(i) {
                         e.allocated = 0;
-                        e.ticket.shrink_to(len);
+                        e.shrink_to(len);
                     }
                 }
                 // Only disk space is at stake: the reader uses the written length.

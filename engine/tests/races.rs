@@ -28,6 +28,7 @@ per_backend!(
     cancel_before_the_first_file_is_counted,
     cancel_races_first_write,
     shutdown_keeps_its_budget_with_slow_deletes_queued,
+    reader_during_a_publish_that_rolls_back,
 );
 
 /// Defect 1: a cancel between the writer's abort check and the directory's file count. The
@@ -442,5 +443,53 @@ fn a_large_record_after_a_dropped_slot_is_counted_in_the_quota() {
     assert_eq!(r.next_record().unwrap().unwrap(), record(1, 300 << 10));
     assert!(r.next_record().unwrap().is_none());
     drop((r, state, task));
+    assert_clean(&engine, dir.path());
+}
+
+/// Found by reading: `publish` marked the state's files released while it renamed them, so a
+/// `reader()` on the same state got `Aborted` though nothing aborted, even when the publish
+/// then rolled back. A reader now waits for the publish to end and reads on after a rollback.
+fn reader_during_a_publish_that_rolls_back(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    // The first destination name is taken: the publish moves nothing and rolls back.
+    std::fs::write(dest.path().join("out-000000.bin"), b"taken").unwrap();
+    let plan = FaultPlan::new(31);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
+    let task = engine.task("publish").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..20 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    let state = std::sync::Arc::new(w.finish().unwrap());
+    let pause = plan.pause_once(FaultPoint::StatePublish);
+    let s2 = state.clone();
+    let dest_path = dest.path().to_path_buf();
+    let publisher = thread::spawn(move || s2.publish(&dest_path, "out"));
+    assert!(pause.wait_reached(T));
+    let s3 = state.clone();
+    let reader = thread::spawn(move || {
+        let mut r = s3.reader()?;
+        let mut n = 0;
+        while let Some(rec) = r.next_record()? {
+            assert_eq!(rec, record(n, 1000));
+            n += 1;
+        }
+        Ok::<u64, SpillError>(n)
+    });
+    thread::sleep(Duration::from_millis(50));
+    pause.release();
+    let published = publisher.join().unwrap();
+    assert!(
+        matches!(&published, Err(SpillError::Io { .. })),
+        "the taken name fails the publish: {published:?}"
+    );
+    let read = reader.join().unwrap();
+    assert!(
+        matches!(read, Ok(20)),
+        "a reader during a publish that rolled back must read the state: {read:?}"
+    );
+    drop(state);
+    drop(task);
     assert_clean(&engine, dir.path());
 }
