@@ -5,8 +5,11 @@
 //! I/O thread). Both take the same [`Op`]s over a crossbeam channel and report each one's
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
+mod gate;
 pub(crate) mod psync;
 pub(crate) mod uring;
+
+pub(crate) use gate::LaneGate;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -203,6 +206,7 @@ struct Lane {
     id: usize,
     tx: Sender<Msg>,
     wake: Arc<dyn Wake>,
+    gate: Arc<LaneGate>,
 }
 
 static LANE_SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -228,9 +232,37 @@ pub(crate) fn take_overflow(into: &mut impl Extend<Op>) {
 
 /// A bounded channel for one lane: its slots are allocated once, so queuing an op allocates
 /// nothing.
-pub(crate) fn lane_channel(capacity: usize) -> (usize, Sender<Msg>, Receiver<Msg>) {
+pub(crate) fn lane_channel(capacity: usize) -> LaneChannel {
     let (tx, rx) = crossbeam_channel::bounded(capacity);
-    (LANE_SEQ.fetch_add(1, Ordering::Relaxed), tx, rx)
+    LaneChannel {
+        id: LANE_SEQ.fetch_add(1, Ordering::Relaxed),
+        tx,
+        rx: LaneRx {
+            rx,
+            gate: Arc::default(),
+        },
+    }
+}
+
+/// Both ends of a lane.
+pub(crate) struct LaneChannel {
+    id: usize,
+    tx: Sender<Msg>,
+    rx: LaneRx,
+}
+
+/// The I/O thread's end of a lane: its receiver and the gate it closes when it leaves.
+pub(crate) struct LaneRx {
+    pub rx: Receiver<Msg>,
+    gate: Arc<LaneGate>,
+}
+
+impl LaneRx {
+    /// Closes the lane as its thread leaves: every op still queued, or sent by a submitter
+    /// that got in before the close, completes with an error (see [`LaneGate`]).
+    pub(crate) fn close(&self) {
+        self.gate.close(|| fail_remaining(&self.rx));
+    }
 }
 
 /// The engine's handle on its I/O threads.
@@ -268,9 +300,10 @@ impl IoHandle {
         let mut lanes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..setup.threads {
-            let (id, tx, rx) = lane_channel(setup.channel_capacity);
+            let LaneChannel { id, tx, rx } = lane_channel(setup.channel_capacity);
+            let gate = rx.gate.clone();
             let (wake, join) = uring::spawn(i, id, rx, setup)?;
-            lanes.push(Lane { id, tx, wake });
+            lanes.push(Lane { id, tx, wake, gate });
             threads.push(join);
         }
         Ok(Self::assemble(lanes, threads, "io_uring", setup))
@@ -281,12 +314,14 @@ impl IoHandle {
         let mut lanes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..setup.threads {
-            let (id, tx, rx) = lane_channel(setup.channel_capacity);
+            let LaneChannel { id, tx, rx } = lane_channel(setup.channel_capacity);
+            let gate = rx.gate.clone();
             let join = psync::spawn(i, id, rx, setup.fault.clone(), setup.deadline.clone())?;
             lanes.push(Lane {
                 id,
                 tx,
                 wake: Arc::new(NoWake),
+                gate,
             });
             threads.push(join);
         }
@@ -331,6 +366,10 @@ impl IoHandle {
     /// at once with an error, on this thread.
     pub(crate) fn submit(&self, lane: usize, op: Op) {
         let lane = &self.lanes[lane % self.lanes.len()];
+        let Some(_inside) = lane.gate.enter() else {
+            // The lane's thread has left: nothing would ever take the op from its channel.
+            return op.complete(Err(shut_down()));
+        };
         let msg = match lane.tx.try_send(Msg::Op(op)) {
             Ok(()) => return lane.wake.wake(),
             Err(crossbeam_channel::TrySendError::Full(msg)) => msg,

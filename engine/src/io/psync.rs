@@ -5,18 +5,16 @@ use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::Receiver;
-
 use super::{
-    Deadline, Msg, Op, OpKind, WriteData, abandoned, enter_lane, fail_remaining, injected,
-    pwrite_all, skip_len, take_overflow,
+    Deadline, LaneRx, Msg, Op, OpKind, WriteData, abandoned, enter_lane, injected, pwrite_all,
+    skip_len, take_overflow,
 };
 use crate::fault::{FaultPlan, Injected};
 
 pub(crate) fn spawn(
     index: usize,
     lane: usize,
-    rx: Receiver<Msg>,
+    lane_rx: LaneRx,
     fault: Option<Arc<FaultPlan>>,
     deadline: Arc<Deadline>,
 ) -> io::Result<JoinHandle<()>> {
@@ -24,6 +22,7 @@ pub(crate) fn spawn(
         .name(format!("spillring-psync-{index}"))
         .spawn(move || {
             enter_lane(lane);
+            let rx = &lane_rx.rx;
             let mut own = std::collections::VecDeque::new();
             let mut stopping = false;
             loop {
@@ -49,7 +48,7 @@ pub(crate) fn spawn(
                     Msg::Shutdown => stopping = true,
                 }
             }
-            fail_remaining(&rx);
+            lane_rx.close();
         })
 }
 

@@ -16,12 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::TryRecvError;
 use io_uring::{IoUring, opcode, register::Probe, squeue, types};
 
 use super::{
-    Deadline, IoSetup, Msg, Op, OpKind, Wake, WriteData, abandoned, fail_remaining, injected,
-    skip_len,
+    Deadline, IoSetup, LaneRx, Msg, Op, OpKind, Wake, WriteData, abandoned, injected, skip_len,
 };
 use crate::error::cqe_result;
 use crate::fault::{FaultPlan, Injected};
@@ -81,7 +80,7 @@ impl Slot {
 
 struct Ring {
     ring: IoUring,
-    rx: Receiver<Msg>,
+    lane: LaneRx,
     wake: Arc<EventWake>,
     slots: Box<[Slot]>,
     free: Vec<usize>,
@@ -106,7 +105,7 @@ unsafe impl Send for Ring {}
 pub(crate) fn spawn(
     index: usize,
     lane: usize,
-    rx: Receiver<Msg>,
+    rx: LaneRx,
     setup: &IoSetup,
 ) -> io::Result<(Arc<dyn Wake>, JoinHandle<()>)> {
     let entries = setup.ring_entries;
@@ -157,7 +156,7 @@ pub(crate) fn spawn(
     let nops = entries as usize - 1;
     let mut r = Ring {
         ring,
-        rx,
+        lane: rx,
         wake: wake.clone(),
         slots: (0..nops).map(|_| Slot::empty()).collect(),
         free: (0..nops).rev().collect(),
@@ -192,7 +191,7 @@ impl Ring {
             // Take only what free slots can start: the rest waits in the bounded channel,
             // which holds its senders back, instead of growing a queue here.
             while self.backlog.len() + self.unlinks.len() < self.free.len() {
-                match self.rx.try_recv() {
+                match self.lane.rx.try_recv() {
                     Ok(Msg::Op(op)) => self.backlog.push_back(op),
                     Ok(Msg::Shutdown) => shutting_down = true,
                     Err(TryRecvError::Empty) => break,
@@ -216,7 +215,7 @@ impl Ring {
                 && self.inflight == 0
                 && self.backlog.is_empty()
                 && self.unlinks.is_empty()
-                && self.rx.is_empty()
+                && self.lane.rx.is_empty()
             {
                 break;
             }
@@ -224,7 +223,7 @@ impl Ring {
             if want == 1 {
                 self.wake.sleeping.store(true, Ordering::SeqCst);
                 let waiting = !self.backlog.is_empty()
-                    || !self.rx.is_empty()
+                    || !self.lane.rx.is_empty()
                     || (!self.unlinks.is_empty() && self.unlinks_inflight < MAX_UNLINKS);
                 if waiting && !self.free.is_empty() {
                     want = 0;
@@ -243,7 +242,7 @@ impl Ring {
             }
             self.reap();
         }
-        fail_remaining(&self.rx);
+        self.lane.close();
         // The eventfd poll may still be armed; it holds no buffer, so dropping the ring is safe.
     }
 
