@@ -174,8 +174,28 @@ impl Op {
         }
     }
 
+    /// Reports the outcome to the op's sink, then drops the op (its buffer and file: the
+    /// kernel is done with them). A panic in the sink (a host's waker, a debug assertion) is
+    /// caught and logged: it must not take down an I/O thread, whose other ops' waiters would
+    /// otherwise wait forever. Sinks update their own state before anything that can panic
+    /// (a writer's in-flight count before its waker), so their waiters still see the outcome.
     pub(crate) fn complete(self, res: io::Result<usize>) {
-        self.sink.complete(self.token, res);
+        let Op { kind, sink, token } = self;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sink.complete(token, res);
+        }));
+        drop(kind);
+        if let Err(p) = r {
+            let what = p
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic");
+            tracing::error!(
+                panic = what,
+                "an I/O completion handler panicked; the I/O thread goes on"
+            );
+        }
     }
 }
 
