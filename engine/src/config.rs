@@ -62,21 +62,35 @@ pub struct EngineConfig {
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
     pub(crate) fault_plan: Option<Arc<FaultPlan>>,
+    /// Fields the caller set; the others follow the fields they depend on (see `resolved`).
+    explicit: Explicit,
 }
+
+/// Which of the fields with derived defaults the caller set.
+#[derive(Debug, Clone, Copy, Default)]
+struct Explicit {
+    segment_size: bool,
+    io_buffer_size: bool,
+}
+
+/// Default segment size (when no smaller quota is given).
+const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
+/// Default staging buffer size (when segments are not smaller).
+const DEFAULT_IO_BUFFER_SIZE: usize = 1 << 20;
 
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         EngineConfig {
             roots: vec![root.into()],
-            segment_size: 64 << 20,
+            segment_size: DEFAULT_SEGMENT_SIZE,
             ticket_capacity: 65_536,
             max_spill_bytes: None,
             mode: WriteMode::Buffered,
             backend: BackendKind::Auto,
             ring_threads: 1,
             ring_entries: 256,
-            io_buffer_size: 1 << 20,
+            io_buffer_size: DEFAULT_IO_BUFFER_SIZE,
             queue_depth: 8,
             registered_buffers: 64,
             large_record_threshold: 256 << 10,
@@ -86,6 +100,7 @@ impl EngineConfig {
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
             fault_plan: None,
+            explicit: Explicit::default(),
         }
     }
 
@@ -97,9 +112,11 @@ impl EngineConfig {
     }
 
     /// Segment files rotate before a record that would pass this size; a larger record gets a
-    /// segment of its own. Default 64 MiB. Bounds: 64 KiB..=1 TiB, a multiple of 4096.
+    /// segment of its own. Default 64 MiB, or `max_spill_bytes` (rounded down to 4 KiB) when
+    /// that is smaller. Bounds: 64 KiB..=1 TiB, a multiple of 4096.
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
+        self.explicit.segment_size = true;
         self
     }
 
@@ -111,7 +128,8 @@ impl EngineConfig {
     }
 
     /// Most bytes live segments may hold on disk, checked when a segment is reserved. Past it,
-    /// [`SpillError::QuotaExceeded`]. Default: unlimited. Bounds: at least one segment size.
+    /// [`SpillError::QuotaExceeded`]. Default: unlimited. Bounds: at least one segment size
+    /// (64 KiB with the default segment size, which follows a smaller quota).
     pub fn max_spill_bytes(mut self, bytes: u64) -> Self {
         self.max_spill_bytes = Some(bytes);
         self
@@ -144,10 +162,11 @@ impl EngineConfig {
     }
 
     /// Size of one staging buffer: small records are coalesced into buffers of this size, and
-    /// each full buffer is one write. Default 1 MiB. Bounds: 4 KiB..=64 MiB, a multiple of 4096,
-    /// at most the segment size.
+    /// each full buffer is one write. Default: the smaller of 1 MiB and the segment size.
+    /// Bounds: 4 KiB..=64 MiB, a multiple of 4096, at most the segment size.
     pub fn io_buffer_size(mut self, bytes: usize) -> Self {
         self.io_buffer_size = bytes;
+        self.explicit.io_buffer_size = true;
         self
     }
 
@@ -219,8 +238,33 @@ impl EngineConfig {
         self.mode
     }
 
-    /// Checks every field against its bounds.
+    /// The configuration with every derived default applied: a field the caller did not set
+    /// follows the fields it depends on, so any valid value of one field works with the
+    /// defaults of the rest (`segment_size` follows a smaller `max_spill_bytes`;
+    /// `io_buffer_size` follows a smaller `segment_size`).
+    pub(crate) fn resolved(&self) -> EngineConfig {
+        let mut c = self.clone();
+        if !c.explicit.segment_size
+            && let Some(q) = c.max_spill_bytes
+        {
+            let floor = q - q % DIRECT_ALIGN as u64;
+            c.segment_size = DEFAULT_SEGMENT_SIZE.min(floor).max(MIN_SEGMENT_SIZE);
+        }
+        if !c.explicit.io_buffer_size {
+            c.io_buffer_size = usize::try_from(c.segment_size)
+                .unwrap_or(usize::MAX)
+                .min(DEFAULT_IO_BUFFER_SIZE);
+        }
+        c
+    }
+
+    /// Checks every field against its bounds (after applying the derived defaults).
     pub fn validate(&self) -> Result<()> {
+        self.resolved().check()
+    }
+
+    /// Checks the bounds of a resolved configuration.
+    pub(crate) fn check(&self) -> Result<()> {
         fn bad(msg: String) -> Result<()> {
             Err(SpillError::InvalidConfig(msg))
         }

@@ -308,7 +308,8 @@ impl Engine {
     /// the directories of dead engines for background deletion, probes io_uring (falling back
     /// to psync under `BackendKind::Auto`), and starts the engine's threads.
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
-        cfg.validate()?;
+        let cfg = cfg.resolved();
+        cfg.check()?;
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
         let mut id = random_id();
