@@ -3,11 +3,27 @@
 //!
 //! Safety of the maps: segment files are private (0600, in a 0700 directory, opened with
 //! `O_NOFOLLOW`), and the engine never writes or truncates a segment after its writer
-//! finished. A process of the same user that truncates one while it is mapped would make
-//! reading it fault (SIGBUS); that is outside what the engine can defend against. A map may
-//! outlive the state (a `Bytes` kept after the reader is gone): the file's name is deleted on
-//! schedule, its blocks are freed when the last `Bytes` goes, and that final unmap runs on the
-//! engine's reaper thread.
+//! finished. A map may outlive the state (a `Bytes` kept after the reader is gone): the file's
+//! name is deleted on schedule, its blocks are freed when the last `Bytes` goes, and that final
+//! unmap runs on the engine's reaper thread.
+//!
+//! # SIGBUS: what a caller must not do
+//!
+//! A record is a `Bytes` into a shared file mapping, so touching it reads the file. Two things
+//! turn that read into a `SIGBUS` (which kills the process unless it handles the signal), and
+//! the engine cannot turn either into an error:
+//! - **A media error** under the mapped range (the disk fails to read a page): the page fault
+//!   cannot be satisfied. A `read` would have returned `EIO`; a map cannot.
+//! - **Shrinking a file while records of it are alive**: truncating a segment, or a file that
+//!   [`crate::SpilledState::publish`] handed to the caller, while `Bytes` from an earlier
+//!   reader of it still exist, leaves those `Bytes` pointing past the end of the file.
+//!
+//! So: never truncate, overwrite or `fallocate` a published file while `Bytes` read from the
+//! state before its publish are alive (drop them first, or copy what must outlive the
+//! publish); never let another process of the same user change files under the spill root;
+//! and on hardware where media errors are expected, copy records out
+//! (`Bytes::copy_from_slice`) inside a `SIGBUS` handler's protection or read published files
+//! with plain `read` instead of through the engine.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -54,6 +70,10 @@ struct Mapped {
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
 /// reader releases it.
+///
+/// Records are zero-copy `Bytes` into a mapping of the segment file: see the module docs for
+/// the two ways reading one can raise `SIGBUS` (a media error, or a file shrunk under live
+/// records) and what a caller must not do.
 pub struct SpillReader {
     // Field order: the map is released before the grant.
     cur: Option<Mapped>,
