@@ -15,6 +15,7 @@
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
 //! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
 //! | `StatePublish` | `publish` took the files, before its first rename | (use `pause`) |
+//! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -51,10 +52,13 @@ pub enum FaultPoint {
     CleanupTake,
     /// `state::publish`: `publish` took the state's files and has not renamed any yet.
     StatePublish,
+    /// `reader::open`: a reader passed its abort check and looked up the next segment, and has
+    /// not opened it yet. Pausing here lets a test delete the file under the reader.
+    ReaderOpen,
 }
 
 /// Number of fault points.
-const POINTS: usize = 9;
+const POINTS: usize = 10;
 
 impl FaultPoint {
     /// Every fault point.
@@ -68,6 +72,7 @@ impl FaultPoint {
         FaultPoint::CleanupUnlink,
         FaultPoint::CleanupTake,
         FaultPoint::StatePublish,
+        FaultPoint::ReaderOpen,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -82,6 +87,7 @@ impl FaultPoint {
             FaultPoint::CleanupUnlink => "cleanup::unlink",
             FaultPoint::CleanupTake => "cleanup::take",
             FaultPoint::StatePublish => "state::publish",
+            FaultPoint::ReaderOpen => "reader::open",
         }
     }
 

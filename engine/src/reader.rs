@@ -153,6 +153,12 @@ impl SpillReader {
         };
         let name = SegmentFileName::new(seg);
         let path = || dir.path.join(name.as_str());
+        let task_plan = state.task.fault_plan();
+        let _ = crate::fault::check2(
+            task_plan.as_ref(),
+            &state.core().fault,
+            crate::fault::FaultPoint::ReaderOpen,
+        );
         let fd = match crate::dir::open_read_at(dir.raw(), name.as_cstr()) {
             Ok(fd) => fd,
             Err(e) => {

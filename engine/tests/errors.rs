@@ -44,7 +44,12 @@ fn write_failure_whose_cleanup_fails_reports_the_write_error() {
         }
         // The failed cleanup went to metrics and the cleanup worker, keeping its tickets.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while engine.metrics().deletes_in_flight > 0 && std::time::Instant::now() < deadline {
+        while engine.metrics().deletes_in_flight > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "deletes still in flight after 5 s: {:?}",
+                engine.metrics()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let m = engine.metrics();
@@ -93,7 +98,12 @@ fn ambiguous_delete_is_retried_and_found_absent() {
         );
         drop(st);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while engine.metrics().cleanup_released < n && std::time::Instant::now() < deadline {
+        while engine.metrics().cleanup_released < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cleanup worker released fewer than {n} names in 5 s: {:?}",
+                engine.metrics()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let m = engine.metrics();
