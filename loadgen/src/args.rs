@@ -79,11 +79,13 @@ impl AbortPoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultPointArg {
-    /// `writer::create`: the segment create fails with EIO.
+    /// `writer::create`: the segment create fails with loadgen's injected errno
+    /// (ENOTRECOVERABLE, which real storage never returns) or ENOSPC.
     WriterCreate,
-    /// `io::write`: a write fails with EIO or ENOSPC, or is done and reported failed.
+    /// `io::write`: a write fails with the injected errno or ENOSPC, or is done and reported
+    /// failed.
     IoWrite,
-    /// `io::unlink`: a delete fails with EIO, or is done and reported failed.
+    /// `io::unlink`: a delete fails with the injected errno, or is done and reported failed.
     IoUnlink,
     /// `cleanup::unlink`: the cleanup worker's retry fails the same ways.
     CleanupUnlink,
@@ -136,7 +138,9 @@ pub struct Workload {
     #[arg(long, value_delimiter = ',', value_enum)]
     pub abort_points: Vec<AbortPoint>,
     /// Probability of a fault at each call of the create, write and unlink fault points
-    /// (EIO, ENOSPC, and ambiguous "done, then failed" outcomes).
+    /// (loadgen's own errno ENOTRECOVERABLE, which real storage never returns, so that an injected
+    /// fault is told from the engine's errors; ENOSPC; and ambiguous "done, then failed"
+    /// outcomes).
     #[arg(long, default_value_t = 0.01, value_parser = parse_rate)]
     pub fault_rate: f64,
     /// Fault points to arm (comma separated). Default: all of them.
@@ -164,7 +168,9 @@ pub struct Workload {
     /// Write mode.
     #[arg(long, value_enum, default_value_t = Mode::Buffered)]
     pub mode: Mode,
-    /// I/O backend.
+    /// I/O backend: `auto` (io_uring if it can be set up, else psync), or `uring` / `psync`,
+    /// which the run then requires: it fails if the engine runs on another. The backend that
+    /// ran is printed and in the report either way.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
     /// Segment size (small, so that spills rotate often).
@@ -291,7 +297,7 @@ impl Workload {
     }
 }
 
-fn value_name(v: impl ValueEnum) -> String {
+pub fn value_name(v: impl ValueEnum) -> String {
     v.to_possible_value()
         .map(|p| p.get_name().to_owned())
         .unwrap_or_default()

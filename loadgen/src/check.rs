@@ -212,54 +212,100 @@ pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), Stri
     Ok(())
 }
 
+/// Where this process's open fds are listed.
+pub const PROC_FDS: &str = "/proc/self/fd";
+/// Where this process's mappings are listed.
+pub const PROC_MAPS: &str = "/proc/self/maps";
+
+/// The error of a `/proc` listing that cannot be read: the check that needs it cannot run, and
+/// a run that cannot check must not pass.
+fn unreadable(p: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("cannot read {}: {e} (the leak check needs it)", p.display()),
+    )
+}
+
 /// How many fds this process has open.
-pub fn fd_count() -> u64 {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |rd| rd.count() as u64)
+pub fn fd_count() -> io::Result<u64> {
+    fd_count_in(Path::new(PROC_FDS))
+}
+
+/// How many entries the fd listing `dir` (`/proc/self/fd`) has.
+pub fn fd_count_in(dir: &Path) -> io::Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).map_err(|e| unreadable(dir, e))? {
+        e.map_err(|e| unreadable(dir, e))?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// How many open fds of this process point to unlinked files.
-pub fn deleted_fds() -> usize {
-    fds().values().filter(|t| t.ends_with(" (deleted)")).count()
+pub fn deleted_fds() -> io::Result<usize> {
+    deleted_fds_in(Path::new(PROC_FDS))
+}
+
+/// How many fds of the fd listing `dir` point to unlinked files.
+pub fn deleted_fds_in(dir: &Path) -> io::Result<usize> {
+    Ok(fds_in(dir)?
+        .values()
+        .filter(|t| t.ends_with(" (deleted)"))
+        .count())
 }
 
 /// Open fds of this process and what they point to.
-pub fn fds() -> BTreeMap<i32, String> {
+pub fn fds() -> io::Result<BTreeMap<i32, String>> {
+    fds_in(Path::new(PROC_FDS))
+}
+
+/// The fds of the fd listing `dir` (`/proc/self/fd`) and what they point to.
+pub fn fds_in(dir: &Path) -> io::Result<BTreeMap<i32, String>> {
     let mut m = BTreeMap::new();
-    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
-        return m;
-    };
-    for e in rd.flatten() {
+    for e in std::fs::read_dir(dir).map_err(|e| unreadable(dir, e))? {
+        let e = e.map_err(|e| unreadable(dir, e))?;
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        // The fd of the listing itself is gone by the time we read its link.
+        // The fd of the listing itself is gone by the time we read its link (and so may be
+        // any fd closed while we look): only a link that exists is an open fd.
         if let Ok(t) = std::fs::read_link(e.path()) {
             m.insert(fd, t.to_string_lossy().into_owned());
         }
     }
-    m
+    Ok(m)
 }
 
 /// Fds open now that were not open (to the same target) in `before`.
-pub fn leaked_fds(before: &BTreeMap<i32, String>) -> Vec<String> {
-    fds()
+pub fn leaked_fds(before: &BTreeMap<i32, String>) -> io::Result<Vec<String>> {
+    leaked_fds_in(Path::new(PROC_FDS), before)
+}
+
+/// Fds of the fd listing `dir` that were not open (to the same target) in `before`.
+pub fn leaked_fds_in(dir: &Path, before: &BTreeMap<i32, String>) -> io::Result<Vec<String>> {
+    Ok(fds_in(dir)?
         .into_iter()
         .filter(|(fd, t)| before.get(fd) != Some(t))
         .filter(|(_, t)| !t.starts_with("/proc/") || !t.ends_with("/fd"))
         .map(|(fd, t)| format!("fd {fd} -> {t}"))
-        .collect()
+        .collect())
 }
 
 /// Mappings of this process of segment files (or anything under `root`).
-pub fn spill_maps(root: &Path) -> Vec<String> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
+pub fn spill_maps(root: &Path) -> io::Result<Vec<String>> {
+    spill_maps_in(Path::new(PROC_MAPS), root)
+}
+
+/// The mappings listed in `maps` (`/proc/self/maps`) of segment files (or anything under
+/// `root`).
+pub fn spill_maps_in(maps: &Path, root: &Path) -> io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(maps).map_err(|e| unreadable(maps, e))?;
     let root = root.to_string_lossy();
-    maps.lines()
+    Ok(text
+        .lines()
         .filter(|l| l.contains("spill-segment-") || (!root.is_empty() && l.contains(&*root)))
         .map(str::to_owned)
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]
@@ -279,6 +325,71 @@ mod tests {
             Some(255)
         );
         assert_eq!(proc_dir_engine(Path::new("/r/other")), None);
+    }
+
+    /// A `/proc` listing that cannot be read is an error, never an empty (passing) answer.
+    #[test]
+    fn unreadable_proc_listings_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-proc");
+        let a_file = dir.path().join("a-file");
+        std::fs::write(&a_file, b"x").unwrap();
+        for p in [&missing, &a_file] {
+            let e = fd_count_in(p).unwrap_err();
+            assert!(e.to_string().contains(&*p.to_string_lossy()), "{e}");
+            assert!(fds_in(p).is_err());
+            assert!(deleted_fds_in(p).is_err());
+            assert!(leaked_fds_in(p, &BTreeMap::new()).is_err());
+        }
+        let e = spill_maps_in(&missing, dir.path()).unwrap_err();
+        assert!(e.to_string().contains("no-such-proc"), "{e}");
+        // A directory is not a maps file either.
+        assert!(spill_maps_in(dir.path(), dir.path()).is_err());
+    }
+
+    #[test]
+    fn proc_listings_are_parsed() {
+        // The real ones are readable here.
+        assert!(fd_count().unwrap() >= 3);
+        assert!(!fds().unwrap().is_empty());
+        deleted_fds().unwrap();
+        spill_maps(Path::new("/nonexistent-root")).unwrap();
+        // A stand-in fd listing: links named by fd number.
+        let dir = tempfile::tempdir().unwrap();
+        let fd = dir.path().join("fd");
+        std::fs::create_dir(&fd).unwrap();
+        for (n, t) in [
+            ("0", "/dev/null"),
+            ("3", "/r/spill-segment-000001.bin (deleted)"),
+            ("4", "/r/x"),
+        ] {
+            std::os::unix::fs::symlink(t, fd.join(n)).unwrap();
+        }
+        assert_eq!(fd_count_in(&fd).unwrap(), 3);
+        assert_eq!(deleted_fds_in(&fd).unwrap(), 1);
+        let before = BTreeMap::from([(0, "/dev/null".to_owned()), (4, "/r/y".to_owned())]);
+        assert_eq!(
+            leaked_fds_in(&fd, &before).unwrap(),
+            vec![
+                "fd 3 -> /r/spill-segment-000001.bin (deleted)".to_owned(),
+                "fd 4 -> /r/x".to_owned()
+            ]
+        );
+        let maps = dir.path().join("maps");
+        std::fs::write(
+            &maps,
+            "7f00-7f01 r--s 0 08:01 12 /r/t/spill-segment-000002.bin (deleted)\n\
+             7f02-7f03 r--p 0 08:01 13 /usr/lib/libc.so.6\n\
+             7f04-7f05 r--s 0 08:01 14 /spill-root/other\n",
+        )
+        .unwrap();
+        assert_eq!(
+            spill_maps_in(&maps, Path::new("/spill-root"))
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(spill_maps_in(&maps, Path::new("")).unwrap().len(), 1);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use spillring::{Engine, EngineConfig, SpilledState, TaskSpill};
 
-use crate::args::{CrashArgs, Progress, Workload};
+use crate::args::{Backend, CrashArgs, Progress, Workload};
 use crate::check::{self, FileId};
 use crate::data::{Expect, Pool, Rng, mix, record_len};
 use crate::progress::Out;
@@ -35,6 +35,10 @@ pub struct CrashReport {
     pub machine: Machine,
     pub root: PathBuf,
     pub config: Workload,
+    /// `--backend`: `auto`, or the backend that had to run.
+    pub backend_requested: Backend,
+    /// The backend the engines that swept after each kill ran on ("io_uring" or "psync").
+    pub backend: String,
     pub elapsed_secs: f64,
     pub kills: u64,
     /// Segment files of the killed children on disk right after their deaths.
@@ -204,17 +208,17 @@ impl Bystander {
 
 pub fn main(a: CrashArgs) -> i32 {
     let seed = a.workload.seed.unwrap_or_else(report::clock_seed);
-    let fds_before = check::fds();
+    // Without it there is no fd leak check: a run that cannot check must not pass.
+    let fds_before = match check::fds() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("loadgen crash: {e}");
+            return crate::EXIT_SETUP;
+        }
+    };
     let (root, own_root) = match &a.workload.root {
         Some(r) => (r.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!(
-                "loadgen-crash-{}-{:08x}",
-                std::process::id(),
-                seed as u32
-            )),
-            true,
-        ),
+        None => (crate::run::fresh_root("loadgen-crash", seed), true),
     };
     let out = match a.progress {
         Progress::None => Out::quiet(),
@@ -240,6 +244,9 @@ pub fn main(a: CrashArgs) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("loadgen crash: {e}");
+            if own_root {
+                crate::run::remove_fresh_root(&root, &a.workload, "loadgen crash");
+            }
             return crate::EXIT_SETUP;
         }
     };
@@ -274,11 +281,14 @@ fn execute(
     let mut kills = Vec::new();
     let mut orphan_files_total = 0;
     let mut orphan_files_swept = 0;
+    let mut backends = std::collections::BTreeSet::new();
     for k in 0..a.kills {
         let child_seed = mix(seed.wrapping_add(u64::from(k) + 1));
-        let log =
-            std::env::temp_dir().join(format!("loadgen-crash-{}-child{k}.log", std::process::id()));
-        let mut child = spawn_child(&exe, root, child_seed, &a.workload, &log)?;
+        let log_file = ChildLog(
+            std::env::temp_dir().join(format!("loadgen-crash-{}-child{k}.log", std::process::id())),
+        );
+        let log = log_file.0.as_path();
+        let mut child = spawn_child(&exe, root, child_seed, &a.workload, log)?;
         let pid = child.id();
         let ready = wait_ready(&mut child, Duration::from_secs(30));
         let dead_dirs = match ready {
@@ -286,8 +296,15 @@ fn execute(
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                child_log_violations(&log, st, k);
-                return Err(format!("child {k}: {e}"));
+                child_log_violations(log, st, k);
+                // What the child said (e.g. that the engine refused the configuration).
+                let said = std::fs::read_to_string(log).unwrap_or_default();
+                let said = said.trim();
+                return Err(if said.is_empty() {
+                    format!("child {k}: {e}")
+                } else {
+                    format!("child {k}: {e}; it said: {said}")
+                });
             }
         };
         let dead_id = dead_dirs
@@ -317,7 +334,7 @@ fn execute(
             Some(sig) => format!("killed by signal {sig}"),
             None => format!("exited: {status}"),
         };
-        child_log_violations(&log, st, k);
+        child_log_violations(log, st, k);
         // What the dead process left.
         let (mut files_at_kill, mut dirs_at_kill) = (0, 0);
         for d in &dead_dirs {
@@ -333,6 +350,10 @@ fn execute(
         let t0 = Instant::now();
         let engine = Engine::open(crate::run::engine_config(&a.workload, root))
             .map_err(|e| format!("reopen: {e}"))?;
+        if let Some(why) = crate::run::backend_mismatch(a.workload.backend, engine.backend()) {
+            st.bad("backend", why, format!("kill {k}: reopened engine"));
+        }
+        backends.insert(engine.backend());
         let settled = engine.settle(Duration::from_secs(60));
         let mut gone = false;
         while t0.elapsed() < Duration::from_secs(60) {
@@ -453,7 +474,6 @@ fn execute(
             sweep_ms: took.as_secs_f64() * 1000.0,
             child_status: status_s,
         });
-        let _ = std::fs::remove_file(&log);
     }
     let bystander_ok = by.verify_and_close(st);
     let _ = std::fs::remove_dir(&published_dir);
@@ -489,23 +509,40 @@ fn execute(
     }
     let deadline = Instant::now() + Duration::from_secs(2);
     let fds = loop {
-        let f = check::leaked_fds(fds_before);
-        if f.is_empty() || Instant::now() > deadline {
-            break f;
+        match check::leaked_fds(fds_before) {
+            Ok(f) if !f.is_empty() && Instant::now() <= deadline => {}
+            Ok(f) => break f,
+            Err(e) => {
+                st.bad(
+                    "check",
+                    format!("the fd leak check cannot run: {e}"),
+                    check::PROC_FDS.into(),
+                );
+                break Vec::new();
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     for f in fds {
         leaks.fds += 1;
-        st.bad("leak", format!("fd leaked: {f}"), "/proc/self/fd".into());
+        st.bad("leak", format!("fd leaked: {f}"), check::PROC_FDS.into());
     }
-    for l in check::spill_maps(root) {
-        leaks.maps += 1;
-        st.bad(
-            "leak",
-            format!("segment still mapped: {l}"),
-            "/proc/self/maps".into(),
-        );
+    match check::spill_maps(root) {
+        Ok(maps) => {
+            for l in maps {
+                leaks.maps += 1;
+                st.bad(
+                    "leak",
+                    format!("segment still mapped: {l}"),
+                    check::PROC_MAPS.into(),
+                );
+            }
+        }
+        Err(e) => st.bad(
+            "check",
+            format!("the map leak check cannot run: {e}"),
+            check::PROC_MAPS.into(),
+        ),
     }
     let mut latency = BTreeMap::new();
     latency.insert("sweep", summarize(&sweep));
@@ -515,11 +552,13 @@ fn execute(
         name: a.name.clone(),
         loadgen_version: env!("CARGO_PKG_VERSION"),
         seed,
-        commit: report::commit(),
+        commit: report::commit().to_owned(),
         command: std::env::args().collect(),
         machine: report::machine(root.parent().unwrap_or(root)),
         root: root.to_path_buf(),
         config: a.workload.clone(),
+        backend_requested: a.workload.backend,
+        backend: backends.into_iter().collect::<Vec<_>>().join(","),
         elapsed_secs: start.elapsed().as_secs_f64(),
         kills: kills.len() as u64,
         orphan_files_total,
@@ -599,6 +638,15 @@ fn wait_ready(child: &mut Child, timeout: Duration) -> Result<Vec<PathBuf>, Stri
     }
 }
 
+/// A child's log file, removed when the kill is done with it (or the series gave up).
+struct ChildLog(PathBuf);
+
+impl Drop for ChildLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn child_log_violations(log: &Path, st: &mut State, k: u32) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;
@@ -648,6 +696,14 @@ fn summary(r: &CrashReport) -> String {
     let rows = vec![
         ("seed".to_string(), r.seed.to_string()),
         ("commit".into(), r.commit.clone()),
+        (
+            "backend".into(),
+            format!(
+                "{} (--backend {})",
+                r.backend,
+                crate::args::value_name(r.backend_requested)
+            ),
+        ),
         ("elapsed".into(), format!("{:.1} s", r.elapsed_secs)),
         ("kills".into(), r.kills.to_string()),
         (

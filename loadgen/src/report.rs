@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -68,38 +67,11 @@ fn fs_type(p: &Path) -> String {
     best.map_or_else(|| "unknown".to_owned(), |(_, t)| t)
 }
 
-/// The commit the binary runs from: `git rev-parse HEAD` in the current directory, else in the
-/// source tree it was built from. Marked `-dirty` when tracked files changed.
-pub fn commit() -> String {
-    let dirs = [
-        std::env::current_dir().ok(),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()),
-    ];
-    for d in dirs.into_iter().flatten() {
-        let Ok(o) = Command::new("git")
-            .arg("-C")
-            .arg(&d)
-            .args(["rev-parse", "HEAD"])
-            .output()
-        else {
-            continue;
-        };
-        if !o.status.success() {
-            continue;
-        }
-        let mut c = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-        let dirty = Command::new("git")
-            .arg("-C")
-            .arg(&d)
-            .args(["status", "--porcelain", "--untracked-files=no"])
-            .output()
-            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
-        if dirty {
-            c.push_str("-dirty");
-        }
-        return c;
-    }
-    "unknown".to_owned()
+/// The commit loadgen was built from, embedded at compile time by build.rs (`git rev-parse
+/// --short HEAD` in its source tree, `-dirty` when files there differ from it; "unknown"
+/// without git). Never the commit of whatever repository the current directory is in.
+pub fn commit() -> &'static str {
+    env!("SPILLRING_COMMIT")
 }
 
 /// A seed from the clock, for runs without `--seed`.
@@ -267,7 +239,7 @@ pub fn summarize(a: SummarizeArgs) -> i32 {
         return crate::EXIT_SETUP;
     }
     let md = markdown(
-        &a.command, &commit, &m, &runs, &totals, &aborts, &faults, passed,
+        &a.command, commit, &m, &runs, &totals, &aborts, &faults, passed,
     );
     if let Err(e) = std::fs::write(&a.markdown, md) {
         eprintln!("loadgen summarize: {}: {e}", a.markdown.display());

@@ -39,6 +39,9 @@ pub struct RunReport {
     pub root: PathBuf,
     pub config: Workload,
     pub engine_id: String,
+    /// `--backend`: `auto`, or the backend that had to run.
+    pub backend_requested: Backend,
+    /// The backend that ran: "io_uring" or "psync".
     pub backend: String,
     pub elapsed_secs: f64,
     pub ops: OpsReport,
@@ -109,17 +112,17 @@ pub fn main(a: RunArgs) -> i32 {
         die_with_parent();
     }
     let seed = a.workload.seed.unwrap_or_else(report::clock_seed);
-    let fds_before = check::fds();
+    // Without it there is no fd leak check: a run that cannot check must not pass.
+    let fds_before = match check::fds() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("loadgen run: {e}");
+            return crate::EXIT_SETUP;
+        }
+    };
     let (root, own_root) = match &a.workload.root {
         Some(r) => (r.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!(
-                "loadgen-{}-{:08x}",
-                std::process::id(),
-                seed as u32
-            )),
-            true,
-        ),
+        None => (fresh_root("loadgen", seed), true),
     };
     let duration = match (a.workload.duration, a.workload.ops) {
         (Some(d), _) => Some(d),
@@ -150,6 +153,9 @@ pub fn main(a: RunArgs) -> i32 {
         Err(e) => {
             out.finish();
             eprintln!("loadgen run: {e}");
+            if own_root {
+                remove_fresh_root(&root, &a.workload, "loadgen run");
+            }
             return crate::EXIT_SETUP;
         }
     };
@@ -163,6 +169,57 @@ pub fn main(a: RunArgs) -> i32 {
         );
     }
     finish_report(&rep, a.report.as_deref(), a.json, &print_summary(&rep))
+}
+
+/// A fresh root under the system temp dir for a run without `--root`:
+/// `<tmp>/<prefix>-<pid>-<seed>`.
+pub fn fresh_root(prefix: &str, seed: u64) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "{prefix}-{}-{:08x}",
+        std::process::id(),
+        seed as u32
+    ))
+}
+
+/// Removes a root loadgen made itself (and what loadgen made in it: the published directory
+/// and the sub-roots of `--roots`) after a run that could not start or finish, e.g. because
+/// the engine refused the configuration. Directories only and never recursively: whatever
+/// else is there is reported and kept. Waits a moment for an engine that is going away.
+pub fn remove_fresh_root(root: &Path, w: &Workload, who: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let _ = std::fs::remove_dir(root.join("loadgen-published"));
+        for r in w.spill_roots(root).iter().filter(|r| r.as_path() != root) {
+            let _ = std::fs::remove_dir(r);
+        }
+        match std::fs::remove_dir(root) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            Err(e) if Instant::now() > deadline => {
+                eprintln!(
+                    "{who}: could not remove the root it made, {}: {e}",
+                    root.display()
+                );
+                return false;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// The name of the backend that `Engine::backend` reports for `b`, or `None` for `auto`.
+pub fn backend_name(b: Backend) -> Option<&'static str> {
+    match b {
+        Backend::Auto => None,
+        Backend::Uring => Some("io_uring"),
+        Backend::Psync => Some("psync"),
+    }
+}
+
+/// Why the backend that runs is not the one asked for, if it is not.
+pub fn backend_mismatch(asked: Backend, ran: &str) -> Option<String> {
+    let want = backend_name(asked)?;
+    (ran != want).then(|| format!("--backend {want} was asked for, but the engine runs on {ran}"))
 }
 
 /// Prints the summary, writes the JSON report, and returns the exit code.
@@ -212,9 +269,16 @@ pub const FAULT_POINTS: [FaultPoint; 4] = [
     FaultPoint::CleanupUnlink,
 ];
 
-/// The engine-wide fault plan of `--fault-rate p`: creates fail with EIO; writes fail with EIO
-/// or ENOSPC, or are done and then reported failed (ambiguous); unlinks on the normal path and
-/// on the cleanup worker's fail, or are done and reported failed (ambiguous).
+/// The errno of the I/O errors loadgen injects: one that real storage never returns for a
+/// create, a write or an unlink (it belongs to robust mutexes), so that an I/O error is known to
+/// be an injected fault only when it carries this errno. Any other I/O error (a bare `NotFound`
+/// after a cancel above all) is the engine's or the storage's, and a violation.
+pub const INJECTED_ERRNO: i32 = libc::ENOTRECOVERABLE;
+
+/// The engine-wide fault plan of `--fault-rate p`: creates fail with [`INJECTED_ERRNO`] or
+/// ENOSPC; writes fail with [`INJECTED_ERRNO`] or ENOSPC, or are done and then reported failed
+/// (ambiguous); unlinks on the normal path and on the cleanup worker's fail, or are done and
+/// reported failed (ambiguous). (ENOSPC is what makes the engine skip a root for a while.)
 pub fn fault_plan(seed: u64, p: f64, only: &[FaultPointArg]) -> Arc<FaultPlan> {
     let plan = FaultPlan::new(crate::data::mix(seed ^ 0xFA17));
     let on = |x: FaultPointArg| only.is_empty() || only.contains(&x);
@@ -222,14 +286,19 @@ pub fn fault_plan(seed: u64, p: f64, only: &[FaultPointArg]) -> Arc<FaultPlan> {
     if on(FaultPointArg::WriterCreate) {
         plan.arm(
             FaultPoint::WriterCreate,
-            FaultAction::Fail(libc::EIO),
+            FaultAction::Fail(INJECTED_ERRNO),
+            Trigger::Probability(p / 2.0),
+        );
+        plan.arm(
+            FaultPoint::WriterCreate,
+            FaultAction::Fail(libc::ENOSPC),
             Trigger::Probability(p),
         );
     }
     if on(FaultPointArg::IoWrite) {
         plan.arm(
             FaultPoint::IoWrite,
-            FaultAction::Fail(libc::EIO),
+            FaultAction::Fail(INJECTED_ERRNO),
             Trigger::Probability(p / 3.0),
         );
         plan.arm(
@@ -239,7 +308,7 @@ pub fn fault_plan(seed: u64, p: f64, only: &[FaultPointArg]) -> Arc<FaultPlan> {
         );
         plan.arm(
             FaultPoint::IoWrite,
-            FaultAction::FailAfter(libc::EIO),
+            FaultAction::FailAfter(INJECTED_ERRNO),
             Trigger::Probability(p),
         );
     }
@@ -250,12 +319,12 @@ pub fn fault_plan(seed: u64, p: f64, only: &[FaultPointArg]) -> Arc<FaultPlan> {
         if on(arg) {
             plan.arm(
                 point,
-                FaultAction::Fail(libc::EIO),
+                FaultAction::Fail(INJECTED_ERRNO),
                 Trigger::Probability(p / 2.0),
             );
             plan.arm(
                 point,
-                FaultAction::FailAfter(libc::EIO),
+                FaultAction::FailAfter(INJECTED_ERRNO),
                 Trigger::Probability(p),
             );
         }
@@ -312,6 +381,14 @@ fn execute(
         cfg = cfg.fault_plan(p.clone());
     }
     let engine = Engine::open(cfg).map_err(|e| format!("open engine: {e}"))?;
+    let backend = engine.backend();
+    let backend_wrong = backend_mismatch(w.backend, backend);
+    if !a.crash_child {
+        out.line(&format!(
+            "loadgen run: backend {backend} (--backend {})",
+            crate::args::value_name(w.backend)
+        ));
+    }
     let proc_dirs = engine.process_dirs();
     if a.crash_child {
         let dirs: Vec<String> = proc_dirs.iter().map(|d| d.display().to_string()).collect();
@@ -349,6 +426,16 @@ fn execute(
         deadline: duration.map(|d| start + Duration::from_secs_f64(d)),
         slots: (0..tasks).map(|_| Slot::default()).collect(),
     });
+    if let Some(why) = &backend_wrong {
+        // Not the run that was asked for: no op runs; the checks and the report still do.
+        ctx.violation(
+            "backend",
+            why.clone(),
+            format!("engine {:016x}", engine.id()),
+            None,
+        );
+        ctx.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(w.runtime_threads as usize)
@@ -393,6 +480,7 @@ fn execute(
     let mut fds_peak = 0u64;
     let mut fds_peak_at = 0.0f64;
     let mut fds_over_reported = false;
+    let mut fds_unreadable_reported = false;
     let mut tick = 0u32;
     loop {
         let finished =
@@ -403,7 +491,16 @@ fn execute(
         std::thread::sleep(Duration::from_millis(20));
         tick += 1;
         if tick.is_multiple_of(10) {
-            let n = check::fd_count().saturating_sub(fds_base);
+            let n = match check::fd_count() {
+                Ok(n) => n.saturating_sub(fds_base),
+                Err(e) => {
+                    if !fds_unreadable_reported {
+                        fds_unreadable_reported = true;
+                        ctx.violation("check", e.to_string(), check::PROC_FDS.into(), None);
+                    }
+                    0
+                }
+            };
             if n > fds_peak {
                 fds_peak = n;
                 fds_peak_at = start.elapsed().as_secs_f64();
@@ -418,7 +515,7 @@ fn execute(
                     "fds",
                     format!(
                         "{n} fds open during the run (limit --max-fds {max}); {} of unlinked files",
-                        check::deleted_fds()
+                        check::deleted_fds().map_or_else(|e| format!("? ({e})"), |n| n.to_string())
                     ),
                     "/proc/self/fd".into(),
                     None,
@@ -571,7 +668,7 @@ fn execute(
         );
     }
     let engine_id = format!("{:016x}", engine.id());
-    let backend = engine.backend().to_owned();
+    let backend = backend.to_owned();
     let c = &stats.c;
     let hists = stats
         .hists
@@ -704,9 +801,21 @@ fn execute(
         // The reaper may close the last fds a moment after the engine is gone.
         let deadline = Instant::now() + Duration::from_secs(2);
         let fds = loop {
-            let f = check::leaked_fds(fds_before);
-            if f.is_empty() || Instant::now() > deadline {
-                break f;
+            match check::leaked_fds(fds_before) {
+                Ok(f) if !f.is_empty() && Instant::now() <= deadline => {}
+                Ok(f) => break f,
+                Err(e) => {
+                    stats.violation(
+                        &out_q,
+                        Violation {
+                            kind: "check",
+                            what: format!("the fd leak check cannot run: {e}"),
+                            at: check::PROC_FDS.into(),
+                            op: None,
+                        },
+                    );
+                    break Vec::new();
+                }
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -724,9 +833,21 @@ fn execute(
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         let maps = loop {
-            let m = check::spill_maps(root);
-            if m.is_empty() || Instant::now() > deadline {
-                break m;
+            match check::spill_maps(root) {
+                Ok(m) if !m.is_empty() && Instant::now() <= deadline => {}
+                Ok(m) => break m,
+                Err(e) => {
+                    stats.violation(
+                        &out_q,
+                        Violation {
+                            kind: "check",
+                            what: format!("the map leak check cannot run: {e}"),
+                            at: check::PROC_MAPS.into(),
+                            op: None,
+                        },
+                    );
+                    break Vec::new();
+                }
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -756,12 +877,13 @@ fn execute(
         name: a.name.clone(),
         loadgen_version: env!("CARGO_PKG_VERSION"),
         seed,
-        commit: report::commit(),
+        commit: report::commit().to_owned(),
         command: std::env::args().collect(),
         machine: report::machine(root.parent().unwrap_or(root)),
         root: root.to_path_buf(),
         config: w.clone(),
         engine_id,
+        backend_requested: w.backend,
         backend,
         elapsed_secs: secs,
         ops,
@@ -855,8 +977,9 @@ fn print_summary(r: &RunReport) -> String {
         (
             "backend / mode".into(),
             format!(
-                "{} / {}",
+                "{} (--backend {}) / {}",
                 r.backend,
+                crate::args::value_name(r.backend_requested),
                 serde_json::to_value(r.config.mode)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
@@ -977,4 +1100,73 @@ fn print_summary(r: &RunReport) -> String {
         }
     }
     table(&format!("loadgen run `{}`", r.name), &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{Verdict, is_injected, verdict};
+    use spillring::SpillError;
+
+    #[test]
+    fn a_backend_asked_for_must_be_the_one_that_runs() {
+        assert_eq!(backend_mismatch(Backend::Auto, "io_uring"), None);
+        assert_eq!(backend_mismatch(Backend::Auto, "psync"), None);
+        assert_eq!(backend_mismatch(Backend::Uring, "io_uring"), None);
+        assert_eq!(backend_mismatch(Backend::Psync, "psync"), None);
+        let why = backend_mismatch(Backend::Uring, "psync").unwrap();
+        assert!(why.contains("io_uring") && why.contains("psync"), "{why}");
+        assert!(backend_mismatch(Backend::Psync, "io_uring").is_some());
+    }
+
+    /// Every error loadgen's own fault plan causes is one its verdict tells from a cancel:
+    /// the injected errno, or a full device.
+    #[test]
+    fn injected_faults_are_recognised() {
+        for (point, backend) in [
+            (FaultPointArg::WriterCreate, BackendKind::Auto),
+            (FaultPointArg::IoWrite, BackendKind::Auto),
+            (FaultPointArg::IoWrite, BackendKind::Psync),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let plan = fault_plan(7, 1.0, &[point]);
+            let engine = Engine::open(
+                EngineConfig::new(dir.path())
+                    .backend(backend)
+                    .segment_size(64 << 10)
+                    .io_buffer_size(16 << 10)
+                    .fault_plan(plan),
+            )
+            .unwrap();
+            let (mut injected, mut full) = (0, 0);
+            for i in 0..40 {
+                let task = engine.task(&format!("t{i}")).unwrap();
+                let mut w = task.writer().unwrap();
+                let mut r = Ok(());
+                for _ in 0..4 {
+                    r = w.write(bytes::Bytes::from(vec![7u8; 20 << 10]));
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                let e = match r {
+                    Err(e) => e,
+                    Ok(()) => w.finish().map(drop).unwrap_err(),
+                };
+                match &e {
+                    SpillError::StorageFull { .. } => full += 1,
+                    e if is_injected(e) => injected += 1,
+                    e => panic!("{point:?} on {backend:?}: not an injected fault: {e}"),
+                }
+                assert_eq!(verdict(&e, true, true), Verdict::Fault, "{e}");
+                assert_eq!(verdict(&e, false, true), Verdict::Fault, "{e}");
+                task.close();
+            }
+            assert!(
+                injected > 0 && full > 0,
+                "{point:?}: {injected} injected, {full} full"
+            );
+            drop(engine);
+        }
+    }
 }

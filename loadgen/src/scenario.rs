@@ -3,9 +3,11 @@
 //! calls, driven by a tiny `block_on`) and as async tasks on the tokio runtime (`write_async`,
 //! `finish_async`); [`Flavor`] picks the calls.
 //!
-//! Every engine result is judged: with no cancel issued, only admission refusals and (with
-//! faults on) I/O errors are acceptable; after a cancel, only `Aborted` (or an injected fault
-//! that won the race). Anything else is a violation, printed with the op and the stage.
+//! Every engine result is judged by [`verdict`]: with no cancel issued, only admission
+//! refusals, a full device and (with faults on) an I/O error carrying the errno loadgen injects
+//! ([`crate::run::INJECTED_ERRNO`], which real storage never returns) are acceptable; after a
+//! cancel, only `Aborted` (or an injected fault that won the race). Anything else, a bare
+//! `NotFound` after a cancel above all, is a violation, printed with the op and the stage.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -276,14 +278,54 @@ async fn sleep(flavor: Flavor, d: Duration) {
 const ADMISSION_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Whether an error is acceptable where it happened.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    /// The expected abort.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The expected abort of a cancelled op.
     Aborted,
-    /// An injected fault (or admission refusal) explains it.
+    /// A fault explains it: one loadgen injected (its errno), or a full device.
     Fault,
-    /// A violation (already reported).
-    Bad,
+    /// An admission refusal (ledger full, quota exceeded): no file was created.
+    Refused,
+    /// A violation, and why.
+    Bad(String),
+}
+
+/// True if `e` is an I/O error with the errno loadgen's fault plan injects: a fault of ours,
+/// not something the engine or the storage did.
+pub fn is_injected(e: &SpillError) -> bool {
+    matches!(e, SpillError::Io { .. })
+        && e.os_error().and_then(std::io::Error::raw_os_error) == Some(crate::run::INJECTED_ERRNO)
+}
+
+/// Judges an engine error. `cancelled`: the op's scope was cancelled (or the cancel races the
+/// call); `faults`: loadgen's fault plan is armed.
+///
+/// An I/O error is acceptable only when it carries the errno loadgen injects (so only with
+/// faults on): a fault-caused error is distinguishable from a cancel, and any other I/O error
+/// (a bare `NotFound` of a file an abort deleted, above all) is a violation even with faults
+/// on. A full device (`StorageFull`, which loadgen also injects) and an admission refusal are
+/// the environment's doing and acceptable either way; `Aborted` only after a cancel.
+pub fn verdict(e: &SpillError, cancelled: bool, faults: bool) -> Verdict {
+    match e {
+        SpillError::Aborted if cancelled => Verdict::Aborted,
+        SpillError::Aborted => {
+            Verdict::Bad(format!("Aborted although the task was not cancelled: {e}"))
+        }
+        SpillError::StorageFull { .. } => Verdict::Fault,
+        // After a cancel: a refusal from a retry loop that gave up before the cancel landed.
+        SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. } => Verdict::Refused,
+        SpillError::Io { .. } if faults && is_injected(e) => Verdict::Fault,
+        _ if cancelled => Verdict::Bad(format!(
+            "after a cancel: {e} (expected Aborted, or an injected fault with errno {}: an \
+             executor must be able to tell a cancel from a fault)",
+            crate::run::INJECTED_ERRNO
+        )),
+        SpillError::Io { .. } if faults => Verdict::Bad(format!(
+            "I/O error that no injected fault explains (loadgen injects errno {}): {e}",
+            crate::run::INJECTED_ERRNO
+        )),
+        _ => Verdict::Bad(format!("unexpected error: {e}")),
+    }
 }
 
 struct Op<'a> {
@@ -352,51 +394,45 @@ impl<'a> Op<'a> {
             .violation(kind, what, self.at(stage), Some(self.idx));
     }
 
-    /// Judges an error seen where no cancel was issued.
+    /// Judges an error seen where no cancel was issued (see [`verdict`]); reports a violation.
     fn judge(&self, stage: &str, e: &SpillError) -> Verdict {
-        match e {
-            // A full device is the environment's doing (or an injected ENOSPC), never a bug.
-            SpillError::StorageFull { .. } => {
-                Counters::add(&self.ctx.stats.c.ops_failed_by_fault, 1);
-                Verdict::Fault
-            }
-            SpillError::Io { .. } if self.ctx.faults => {
-                Counters::add(&self.ctx.stats.c.ops_failed_by_fault, 1);
-                Verdict::Fault
-            }
-            SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. } => Verdict::Fault,
-            SpillError::Aborted => {
-                self.bad(
-                    "api",
-                    stage,
-                    format!("Aborted although the task was not cancelled: {e}"),
-                );
-                Verdict::Bad
-            }
-            _ => {
-                self.bad("api", stage, format!("unexpected error: {e}"));
-                Verdict::Bad
-            }
+        let v = verdict(e, false, self.ctx.faults);
+        match &v {
+            Verdict::Fault => Counters::add(&self.ctx.stats.c.ops_failed_by_fault, 1),
+            Verdict::Bad(why) => self.bad("api", stage, why.clone()),
+            Verdict::Aborted | Verdict::Refused => {}
         }
+        v
     }
 
-    /// Judges an error seen after (or racing) a cancel.
+    /// Judges an error seen after (or racing) a cancel (see [`verdict`]); reports a violation.
     fn judge_cancelled(&self, stage: &str, e: &SpillError) -> Verdict {
-        match e {
-            SpillError::Aborted => Verdict::Aborted,
-            SpillError::StorageFull { .. } => Verdict::Fault,
-            SpillError::Io { .. } if self.ctx.faults => Verdict::Fault,
-            // A refusal from a retry loop that gave up before the cancel landed.
-            SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. } => Verdict::Fault,
-            _ => {
-                self.bad(
-                    "api",
-                    stage,
-                    format!("after a cancel: {e} (expected Aborted: an executor must be able to tell a cancel from a fault)"),
-                );
-                Verdict::Bad
-            }
+        let v = verdict(e, true, self.ctx.faults);
+        if let Verdict::Bad(why) = &v {
+            self.bad("api", stage, why.clone());
         }
+        v
+    }
+
+    /// Judges the error of a reader or a read of a live state (nobody cancelled it): a
+    /// violation unless an injected fault explains it.
+    fn judge_live_read(&self, stage: &str, at: usize, e: &SpillError) -> Verdict {
+        let v = match verdict(e, false, self.ctx.faults) {
+            Verdict::Fault => Verdict::Fault,
+            Verdict::Bad(why) => Verdict::Bad(why),
+            // Neither a refusal nor an abort is an answer a read of a live state may give.
+            Verdict::Aborted | Verdict::Refused => Verdict::Bad(format!("unexpected error: {e}")),
+        };
+        match &v {
+            Verdict::Fault => Counters::add(&self.ctx.stats.c.ops_failed_by_fault, 1),
+            Verdict::Bad(why) => self.bad(
+                "api",
+                stage,
+                format!("at record {at} of a live state: {why}"),
+            ),
+            Verdict::Aborted | Verdict::Refused => {}
+        }
+        v
     }
 
     /// A call that must fail with `Aborted` now that the cancel returned. (`write`, `finish`
@@ -579,7 +615,7 @@ impl<'a> Op<'a> {
             Ok(r) => r,
             Err(e) => {
                 self.ctx.stats.error("reader", &e);
-                self.bad("api", "reader", format!("reader() on a live state: {e}"));
+                self.judge_live_read("reader", 0, &e);
                 return;
             }
         };
@@ -596,7 +632,7 @@ impl<'a> Op<'a> {
             self.read(&mut r1, 0, None, None)
         };
         if let Err((i, e)) = r {
-            self.bad("api", "read", format!("at record {i} of a live state: {e}"));
+            self.judge_live_read("read", i, &e);
         }
         Counters::add(&self.ctx.stats.c.ops_read_back, 1);
     }
@@ -1001,7 +1037,7 @@ impl<'a> Op<'a> {
             Ok(r) => r,
             Err(e) => {
                 self.ctx.stats.error("reader", &e);
-                self.bad("api", "reader", format!("reader() on a live state: {e}"));
+                self.judge_live_read("reader", 0, &e);
                 return;
             }
         };
@@ -1011,7 +1047,7 @@ impl<'a> Op<'a> {
         let at = match self.read(&mut r, 0, Some(cut), Some(&mut kept)) {
             Ok(i) => i,
             Err((i, e)) => {
-                self.bad("api", "read", format!("at record {i} of a live state: {e}"));
+                self.judge_live_read("read", i, &e);
                 return;
             }
         };
@@ -1064,12 +1100,21 @@ impl<'a> Op<'a> {
                     return;
                 };
                 let files = st.segments() > 0;
-                if self.rng.chance(0.5)
-                    && let Ok(mut r) = st.reader()
-                {
-                    let half = self.recs.len() / 2;
-                    let _ = self.read(&mut r, 0, Some(half), None);
-                    drop(r);
+                if self.rng.chance(0.5) {
+                    // Nobody cancelled this state: its reader and reads are judged like any.
+                    match st.reader() {
+                        Ok(mut r) => {
+                            let half = self.recs.len() / 2;
+                            if let Err((i, e)) = self.read(&mut r, 0, Some(half), None) {
+                                self.judge_live_read("read", i, &e);
+                            }
+                            drop(r);
+                        }
+                        Err(e) => {
+                            self.ctx.stats.error("reader", &e);
+                            self.judge_live_read("reader", 0, &e);
+                        }
+                    }
                 }
                 let t0 = Instant::now();
                 drop(st);
@@ -1124,4 +1169,96 @@ pub fn describe_slots(slots: &[Slot]) -> Vec<String> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::INJECTED_ERRNO;
+
+    fn io(e: std::io::Error) -> SpillError {
+        SpillError::Io {
+            op: "open",
+            path: "/r/spillring-0/op1/spill-segment-000001.bin".into(),
+            source: e,
+        }
+    }
+
+    fn errno(n: i32) -> SpillError {
+        io(std::io::Error::from_raw_os_error(n))
+    }
+
+    fn is_bad(v: &Verdict) -> bool {
+        matches!(v, Verdict::Bad(_))
+    }
+
+    /// Invariant 6: a reader whose files an abort deleted reports Aborted, never a bare
+    /// NotFound, and faults being on must not excuse one.
+    #[test]
+    fn after_a_cancel_only_the_injected_errno_is_a_fault() {
+        for faults in [true, false] {
+            for e in [
+                io(std::io::ErrorKind::NotFound.into()),
+                errno(libc::ENOENT),
+                errno(libc::EIO),
+                errno(libc::EBADF),
+                errno(libc::ECANCELED),
+                SpillError::Closed { what: "writer" },
+                SpillError::WriterFailed,
+            ] {
+                let v = verdict(&e, true, faults);
+                assert!(is_bad(&v), "{e} after a cancel (faults {faults}): {v:?}");
+            }
+        }
+        let v = verdict(&io(std::io::ErrorKind::NotFound.into()), true, true);
+        let Verdict::Bad(why) = v else { unreachable!() };
+        assert!(why.contains("after a cancel"), "{why}");
+        assert_eq!(verdict(&errno(INJECTED_ERRNO), true, true), Verdict::Fault);
+        // Without a plan nothing is injected: not even that errno is excused.
+        assert!(is_bad(&verdict(&errno(INJECTED_ERRNO), true, false)));
+        assert_eq!(verdict(&SpillError::Aborted, true, true), Verdict::Aborted);
+        assert_eq!(verdict(&SpillError::Aborted, true, false), Verdict::Aborted);
+        let full = SpillError::StorageFull {
+            op: "write",
+            path: "/r/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert_eq!(verdict(&full, true, true), Verdict::Fault);
+        assert_eq!(
+            verdict(&SpillError::LedgerFull { capacity: 4 }, true, true),
+            Verdict::Refused
+        );
+    }
+
+    #[test]
+    fn without_a_cancel_only_the_injected_errno_is_a_fault() {
+        assert_eq!(verdict(&errno(INJECTED_ERRNO), false, true), Verdict::Fault);
+        for faults in [true, false] {
+            for e in [
+                errno(libc::EIO),
+                errno(libc::ENOENT),
+                SpillError::Aborted,
+                SpillError::WriterFailed,
+            ] {
+                let v = verdict(&e, false, faults);
+                assert!(is_bad(&v), "{e} without a cancel (faults {faults}): {v:?}");
+            }
+        }
+        assert!(is_bad(&verdict(&errno(INJECTED_ERRNO), false, false)));
+        assert_eq!(
+            verdict(
+                &SpillError::QuotaExceeded {
+                    limit: 1,
+                    in_use: 1,
+                    requested: 1
+                },
+                false,
+                false
+            ),
+            Verdict::Refused
+        );
+        assert!(is_injected(&errno(INJECTED_ERRNO)));
+        assert!(!is_injected(&errno(libc::EIO)));
+        assert!(!is_injected(&SpillError::Aborted));
+    }
 }

@@ -53,6 +53,11 @@ fn three_kills_leave_nothing() {
     let r = report(&rep);
     assert_eq!(r["passed"], true, "{r:#}");
     assert_eq!(u(&r, &["kills"]), 3, "{r:#}");
+    assert_eq!(r["backend_requested"], "auto", "{r:#}");
+    assert!(
+        matches!(r["backend"].as_str(), Some("io_uring" | "psync")),
+        "{r:#}"
+    );
     assert_eq!(u(&r, &["violation_count"]), 0, "{r:#}");
     for k in ["files", "dirs", "fds", "maps"] {
         assert_eq!(u(&r, &["leaks", k]), 0, "leaked {k}: {r:#}");

@@ -50,6 +50,20 @@ fn short_run(extra: &[&str], ops: &str) -> serde_json::Value {
     assert!(o.stdout.contains("PASSED"), "{}", o.text());
     let r = report(&rep);
     assert_eq!(r["passed"], true, "{r:#}");
+    // Which backend ran is printed and reported, always.
+    let backend = r["backend"].as_str().expect("backend");
+    assert!(matches!(backend, "io_uring" | "psync"), "{r:#}");
+    assert!(
+        o.stderr
+            .contains(&format!("loadgen run: backend {backend}")),
+        "{}",
+        o.text()
+    );
+    assert!(
+        o.stdout.contains(&format!("{backend} (--backend")),
+        "{}",
+        o.text()
+    );
     for k in [
         "files",
         "tickets",
@@ -70,6 +84,7 @@ fn short_run(extra: &[&str], ops: &str) -> serde_json::Value {
 #[test]
 fn short_run_with_aborts_and_faults_leaks_nothing() {
     let r = short_run(&[], "700");
+    assert_eq!(r["backend_requested"], "auto", "{r:#}");
     assert_eq!(u(&r, &["ops", "done"]), 700, "{r:#}");
     assert!(
         u(&r, &["ops", "thread"]) > 0 && u(&r, &["ops", "async"]) > 0,
@@ -130,8 +145,19 @@ fn short_direct_run_on_psync_over_two_roots_leaks_nothing() {
         ],
         "250",
     );
+    assert_eq!(r["backend_requested"], "psync", "{r:#}");
     assert_eq!(r["backend"], "psync", "{r:#}");
     assert_eq!(r["config"]["mode"], "direct", "{r:#}");
     assert_eq!(u(&r, &["ops", "done"]), 250, "{r:#}");
     assert!(u(&r, &["aborts_total"]) > 0, "{r:#}");
+}
+
+/// `--backend uring` means io_uring: the run is on it (or fails), and says so.
+#[test]
+fn short_run_on_io_uring_says_it_ran_on_io_uring() {
+    let r = short_run(&["--backend", "uring"], "120");
+    assert_eq!(r["backend_requested"], "uring", "{r:#}");
+    assert_eq!(r["backend"], "io_uring", "{r:#}");
+    assert_eq!(r["engine"]["backend"], "io_uring", "{r:#}");
+    assert_eq!(u(&r, &["ops", "done"]), 120, "{r:#}");
 }

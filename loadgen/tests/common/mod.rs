@@ -26,13 +26,20 @@ impl Outcome {
 
 /// Runs `bin` with `args`; kills it and fails the test after `limit`.
 pub fn run(bin: &Path, args: &[&str], limit: Duration) -> Outcome {
-    let mut child = Command::new(bin)
-        .args(args)
+    let mut c = Command::new(bin);
+    c.args(args);
+    run_command(c, args, limit)
+}
+
+/// Runs `c` (whose arguments `args` name it in a failure); kills it and fails the test after
+/// `limit`.
+pub fn run_command(mut c: Command, args: &[&str], limit: Duration) -> Outcome {
+    let mut child = c
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("spawn {:?}: {e}", c.get_program()));
     // Drain both pipes on threads so that a chatty child never blocks.
     let mut out = child.stdout.take().expect("stdout");
     let mut err = child.stderr.take().expect("stderr");
