@@ -78,7 +78,34 @@ pub struct SpillReader {
     // Field order: the map is released before the grant.
     cur: Option<Mapped>,
     next_seg: usize,
+    /// The iterator returned an error: it ends there (`next` gives `None` from then on).
+    iter_failed: bool,
     grant: Grant,
+}
+
+/// Records in write order, as `Result<Bytes>`: the same as calling
+/// [`SpillReader::next_record`] until it returns `None`, except that the iterator ends after
+/// the first error (so a `for` loop that skips errors cannot spin on one).
+///
+/// ```no_run
+/// # fn f(state: &spillring::SpilledState) -> spillring::Result<()> {
+/// let total: usize = state
+///     .reader()?
+///     .map(|rec| rec.map(|b| b.len()))
+///     .sum::<spillring::Result<usize>>()?;
+/// # Ok(()) }
+/// ```
+impl Iterator for SpillReader {
+    type Item = Result<Bytes>;
+
+    fn next(&mut self) -> Option<Result<Bytes>> {
+        if self.iter_failed {
+            return None;
+        }
+        let r = self.next_record().transpose();
+        self.iter_failed = matches!(r, Some(Err(_)));
+        r
+    }
 }
 
 impl std::fmt::Debug for SpillReader {
@@ -94,6 +121,7 @@ impl SpillReader {
         SpillReader {
             cur: None,
             next_seg: 0,
+            iter_failed: false,
             grant,
         }
     }

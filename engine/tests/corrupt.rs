@@ -147,3 +147,47 @@ fn damage_is_reported_where_it_is_buffered() {
 fn damage_is_reported_where_it_is_direct() {
     each_backend(|b| damage_cases(b, WriteMode::Direct));
 }
+
+/// The reader as an iterator yields every record in order, then ends; on a damaged segment it
+/// yields the records before the damage, then the `Corrupt` error once, then ends.
+#[test]
+fn the_reader_iterator_ends_after_its_first_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = spillring::Engine::open(cfg(dir.path(), spillring::BackendKind::Psync)).unwrap();
+    let task = engine.task("iter").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..10 {
+        w.write(spillring::Bytes::from(record(i, 100))).unwrap();
+    }
+    let state = w.finish().unwrap();
+    let all: Vec<_> = state
+        .reader()
+        .unwrap()
+        .collect::<spillring::Result<_>>()
+        .unwrap();
+    assert_eq!(all.len(), 10);
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(r[..], record(i as u64, 100)[..]);
+    }
+    // Flip a byte of the 4th record's payload (header 64 + 3 framed records of 108, + frame 8).
+    // In place, never truncating: `all` still points into a mapping of this file.
+    let path = &state.paths()[0];
+    let at = 64 + 3 * 108 + 8 + 5;
+    let byte = std::fs::read(path).unwrap()[at] ^ 1;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, &[byte], at as u64).unwrap();
+    let items: Vec<_> = state.reader().unwrap().collect();
+    assert_eq!(
+        items.len(),
+        4,
+        "three records, then the error, then the end"
+    );
+    assert!(items[..3].iter().all(|r| r.is_ok()));
+    assert!(
+        matches!(items[3], Err(spillring::SpillError::Corrupt { .. })),
+        "{:?}",
+        items[3]
+    );
+    drop((all, state, task));
+    assert_clean(&engine, dir.path());
+}
