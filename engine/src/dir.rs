@@ -8,11 +8,12 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU32;
 
 use parking_lot::Mutex;
 
 use crate::io::{FileHandle, NameBuf};
+use crate::sync::{AtomicU64, Ordering};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -167,10 +168,10 @@ pub(crate) struct ProcDir {
     pub root: usize,
 }
 
-/// Top bit of [`TaskDir::live`]: the directory's task scope is closed.
+/// Top bit of [`LiveFiles`]: the directory's task scope is closed.
 const CLOSED: u64 = 1 << 63;
 
-/// What [`TaskDir::file_gone`] or [`TaskDir::close`] says to do next.
+/// What [`DirEntry::file_gone`] or [`DirEntry::close`] says to do next.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum DirNext {
     /// Nothing: files remain or the scope is open.
@@ -191,7 +192,16 @@ pub(crate) struct DirEntry {
     pub name: NameBuf,
     pub parent: Arc<ProcDir>,
     next_segment: AtomicU32,
-    /// `CLOSED` bit | number of files that exist or are being created.
+    live: LiveFiles,
+}
+
+/// A directory's file count and its close: `CLOSED` bit | number of files that exist or are
+/// being created. Exactly one caller of [`LiveFiles::file_gone`] or [`LiveFiles::close`] ever
+/// gets [`DirNext::Remove`], and only once the scope closed and no file is counted; a
+/// refused [`LiveFiles::file_coming`] counts nothing. Model-checked with loom
+/// (`loom_dir_count_*` below).
+#[derive(Debug, Default)]
+pub(crate) struct LiveFiles {
     live: AtomicU64,
 }
 
@@ -202,6 +212,32 @@ impl DirEntry {
         (n < crate::cleanup::DIR_RECORD).then_some(n)
     }
 
+    /// See [`LiveFiles::file_coming`].
+    #[must_use]
+    pub(crate) fn file_coming(&self) -> bool {
+        self.live.file_coming()
+    }
+
+    /// See [`LiveFiles::file_gone`].
+    #[must_use]
+    pub(crate) fn file_gone(&self) -> DirNext {
+        self.live.file_gone()
+    }
+
+    /// See [`LiveFiles::close`].
+    #[must_use]
+    pub(crate) fn close(&self) -> DirNext {
+        self.live.close()
+    }
+
+    /// `<task dir>/<segment file>`, relative to the process directory: how the cleanup worker
+    /// names a file without holding the task directory open.
+    pub(crate) fn segment_rel(&self, seg: u32) -> NameBuf {
+        NameBuf::joined(&self.name, seg)
+    }
+}
+
+impl LiveFiles {
     /// Counts a file about to be created (before the create, so the directory cannot be
     /// removed under it). Refuses (returns false, counts nothing) once the scope closed the
     /// directory: its removal may already be queued, and exactly one caller ever removes it.
@@ -243,12 +279,6 @@ impl DirEntry {
         } else {
             DirNext::Keep
         }
-    }
-
-    /// `<task dir>/<segment file>`, relative to the process directory: how the cleanup worker
-    /// names a file without holding the task directory open.
-    pub(crate) fn segment_rel(&self, seg: u32) -> NameBuf {
-        NameBuf::joined(&self.name, seg)
     }
 }
 
@@ -309,7 +339,7 @@ impl DirTable {
             name,
             parent,
             next_segment: AtomicU32::new(0),
-            live: AtomicU64::new(0),
+            live: LiveFiles::default(),
         });
         t.slots[index as usize] = Some(d.clone());
         d
@@ -357,7 +387,7 @@ pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
     fd.as_raw_fd()
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -413,5 +443,75 @@ mod tests {
         let c = t.insert(PathBuf::from("/c"), NameBuf::new(b"c").unwrap(), p);
         assert_ne!(c.index, b.index, "the live index was handed out twice");
         assert_eq!(t.len(), 2);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::Mutex;
+    use loom::thread;
+
+    /// What the model knows of the directory: files counted and created, and whether it was
+    /// removed.
+    #[derive(Default)]
+    struct Disk {
+        files: usize,
+        removed: bool,
+        removals: usize,
+    }
+
+    fn remove(disk: &Mutex<Disk>) {
+        let mut d = disk.lock();
+        assert_eq!(
+            d.files, 0,
+            "the directory was removed while a file was counted"
+        );
+        d.removed = true;
+        d.removals += 1;
+    }
+
+    /// Two writers each count, create and delete a file (a refused count creates nothing)
+    /// while the scope closes the directory (twice: `close` is idempotent). Exactly one caller
+    /// gets `Remove`, never while a file is counted, and no file is counted after it.
+    #[test]
+    fn loom_dir_count_removes_once() {
+        loom::model(|| {
+            let live = Arc::new(LiveFiles::default());
+            let disk = Arc::new(Mutex::new(Disk::default()));
+            let writers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (live, disk) = (live.clone(), disk.clone());
+                    thread::spawn(move || {
+                        if !live.file_coming() {
+                            return;
+                        }
+                        {
+                            let mut d = disk.lock();
+                            assert!(!d.removed, "a file was counted in a removed directory");
+                            d.files += 1;
+                        }
+                        disk.lock().files -= 1;
+                        if live.file_gone() == DirNext::Remove {
+                            remove(&disk);
+                        }
+                    })
+                })
+                .collect();
+            for _ in 0..2 {
+                if live.close() == DirNext::Remove {
+                    remove(&disk);
+                }
+            }
+            for w in writers {
+                w.join().unwrap();
+            }
+            assert_eq!(
+                disk.lock().removals,
+                1,
+                "the directory must be removed exactly once"
+            );
+            assert!(!live.file_coming(), "a closed directory counted a file");
+        });
     }
 }

@@ -8,6 +8,7 @@
 mod gate;
 pub(crate) mod psync;
 pub(crate) mod uring;
+mod wake;
 
 pub(crate) use gate::LaneGate;
 

@@ -6,11 +6,14 @@
 //! Dropping a ticket returns its capacity, so a ticket dropped before its file exists costs
 //! nothing. Once a file exists and its delete fails, the ticket becomes a [`RetainedTicket`]
 //! (four bytes, no pointer) held by a name-only cleanup record until the delete is confirmed.
+//!
+//! Reserve, grow, shrink, retain and release are model-checked with loom (`loom_ledger_*`
+//! below, see `scripts/loom.sh`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::error::{Result, SpillError};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Quota accounting unit: bytes are counted in 4 KiB pages, rounded up per segment.
 pub(crate) const PAGE: u64 = 4096;
@@ -209,7 +212,7 @@ impl Drop for Ticket {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -271,5 +274,104 @@ mod tests {
         l.release_retained(r);
         assert_eq!(l.used(), 0);
         assert_eq!(l.bytes_used(), 0);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+
+    /// The bounds, as the thread that just took a ticket or quota sees them.
+    fn check_bounds(l: &Ledger) {
+        assert!(l.used() <= l.capacity(), "more tickets than the capacity");
+        assert!(
+            l.bytes_used() <= 3 * PAGE,
+            "more quota taken than the limit"
+        );
+    }
+
+    fn refused(e: &SpillError) -> bool {
+        matches!(
+            e,
+            SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. }
+        )
+    }
+
+    /// Three threads reserve, grow, shrink, retain and release tickets on a ledger of two
+    /// tickets and three pages. Nobody ever sees more tickets than the capacity or more pages
+    /// than the quota; a refusal is typed and takes nothing; all counters return to 0.
+    #[test]
+    fn loom_ledger_never_exceeds_its_bounds() {
+        loom::model(|| {
+            let l = Ledger::new(2, Some(3 * PAGE));
+            // Reserves one page, grows to two, shrinks to one, drops.
+            // Returns (reserved, growths refused).
+            let grower = {
+                let l = l.clone();
+                thread::spawn(move || match l.reserve(PAGE) {
+                    Ok(mut t) => {
+                        check_bounds(&l);
+                        let refused_growth = match t.grow_to(2 * PAGE) {
+                            Ok(()) => {
+                                check_bounds(&l);
+                                0
+                            }
+                            Err(e) => {
+                                assert!(matches!(e, SpillError::QuotaExceeded { .. }), "{e}");
+                                1
+                            }
+                        };
+                        t.shrink_to(1);
+                        (1, refused_growth)
+                    }
+                    Err(e) => {
+                        assert!(refused(&e), "{e}");
+                        (0, 0)
+                    }
+                })
+            };
+            // Reserves two pages, retains the ticket (a name-only record), releases it.
+            let retainer = {
+                let l = l.clone();
+                thread::spawn(move || match l.reserve(2 * PAGE) {
+                    Ok(t) => {
+                        check_bounds(&l);
+                        l.release_retained(t.retain());
+                        1
+                    }
+                    Err(e) => {
+                        assert!(refused(&e), "{e}");
+                        0
+                    }
+                })
+            };
+            // Reserves one page and drops it.
+            let mine = match l.reserve(PAGE) {
+                Ok(t) => {
+                    check_bounds(&l);
+                    drop(t);
+                    1
+                }
+                Err(e) => {
+                    assert!(refused(&e), "{e}");
+                    0
+                }
+            };
+            let (grown, refused_growth) = grower.join().unwrap();
+            let reserved = mine + grown + retainer.join().unwrap();
+            assert_eq!(l.used(), 0, "a ticket was not given back");
+            assert_eq!(l.bytes_used(), 0, "quota was not given back");
+            let refusals = (l.admission_failures() + l.quota_failures()) as usize - refused_growth;
+            assert_eq!(
+                reserved + refusals,
+                3,
+                "a reservation neither succeeded nor was refused"
+            );
+            assert!(
+                l.high_water() <= 2,
+                "the high-water mark passed the capacity"
+            );
+        });
     }
 }

@@ -45,6 +45,7 @@ mod reader;
 pub mod segment;
 mod state;
 mod sweep;
+mod sync;
 mod task;
 #[doc(hidden)]
 pub mod testing;

@@ -15,7 +15,6 @@
 use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -31,24 +30,106 @@ use crate::io::{FileHandle, IoBuf, Op, OpKind, OpSink, WriteData};
 use crate::metrics::Counters;
 use crate::segment::{self, FRAME_LEN, HEADER_LEN, MAX_RECORD, SegmentFileName};
 use crate::state::SpilledState;
+use crate::sync;
 use crate::task::{Member, TaskShared};
 
-/// The files a writer created, shared with its abort hook.
-#[derive(Debug, Default)]
-struct Files {
-    entries: Vec<SegmentEntry>,
+/// The files a writer created, shared with its abort hook: the abort protocol (see the module
+/// docs) on a list of `T`, so loom can check it alone (`loom_abortable_files_*` below). Every
+/// `T` recorded or refused has exactly one owner: the hook ([`AbortableFiles::abort`]), the
+/// hand-off ([`AbortableFiles::take_for_hand_off`]), the writer's own cleanup
+/// ([`AbortableFiles::take_own`]), or, when refused by [`AbortableFiles::record`], the writer
+/// that made it.
+#[derive(Debug)]
+pub(crate) struct AbortableFiles<T> {
+    list: sync::Mutex<FileList<T>>,
+    /// Mirrors `FileList::aborted` (set under the lock) for checks that need no lock.
+    aborted: sync::AtomicBool,
+}
+
+/// The list behind [`AbortableFiles`]' lock.
+#[derive(Debug)]
+pub(crate) struct FileList<T> {
+    entries: Vec<T>,
     /// The hook ran: everything in `entries` was taken and deleted by it.
     aborted: bool,
     /// The files went to a `SpilledState` or were deleted by the writer itself.
     released: bool,
 }
 
+impl<T> AbortableFiles<T> {
+    pub(crate) fn new() -> Self {
+        AbortableFiles {
+            list: sync::Mutex::new(FileList {
+                entries: Vec::new(),
+                aborted: false,
+                released: false,
+            }),
+            aborted: sync::AtomicBool::new(false),
+        }
+    }
+
+    /// The list, locked: to read or update entries already recorded.
+    pub(crate) fn lock(&self) -> sync::MutexGuard<'_, FileList<T>> {
+        self.list.lock()
+    }
+
+    /// True once the hook ran (no lock: a hint for early exits; decisions take the lock).
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(sync::Ordering::Acquire)
+    }
+
+    /// The writer, after each file creation: records the file and returns its index, or
+    /// gives it back (`Err`) if the hook already ran: then the caller deletes it.
+    pub(crate) fn record(&self, t: T) -> std::result::Result<usize, T> {
+        let mut l = self.list.lock();
+        if l.aborted && !cfg!(feature = "broken-skip-abort-check") {
+            return Err(t);
+        }
+        l.entries.push(t);
+        Ok(l.entries.len() - 1)
+    }
+
+    /// The abort hook: sets the flag and takes the files to delete, under one lock; `None`
+    /// if the writer already released them (handed off or deleted).
+    pub(crate) fn abort(&self) -> Option<Vec<T>> {
+        let mut l = self.list.lock();
+        // Set the flag first, under the lock the writer checks after each creation.
+        self.aborted.store(true, sync::Ordering::Release);
+        l.aborted = true;
+        if l.released {
+            return None;
+        }
+        Some(std::mem::take(&mut l.entries))
+    }
+
+    /// `finish`: takes the files to hand them to a state; `None` if the hook ran (it deletes
+    /// them).
+    pub(crate) fn take_for_hand_off(&self) -> Option<Vec<T>> {
+        let mut l = self.list.lock();
+        if l.aborted {
+            return None;
+        }
+        l.released = true;
+        Some(std::mem::take(&mut l.entries))
+    }
+
+    /// A failed or dropped writer: takes its files to delete them; `None` if the hook ran or
+    /// they were already released.
+    pub(crate) fn take_own(&self) -> Option<Vec<T>> {
+        let mut l = self.list.lock();
+        if l.aborted || l.released {
+            return None;
+        }
+        l.released = true;
+        Some(std::mem::take(&mut l.entries))
+    }
+}
+
 /// The writer's abort hook and file list.
 pub(crate) struct WriterShared {
     core: Arc<Core>,
     lane: usize,
-    files: Mutex<Files>,
-    aborted: AtomicBool,
+    files: AbortableFiles<SegmentEntry>,
     tracker: Tracker,
 }
 
@@ -60,15 +141,8 @@ impl OpSink for WriterShared {
 
 impl Member for WriterShared {
     fn close_by_scope(&self) {
-        let entries = {
-            let mut f = self.files.lock();
-            // Set the flag first, under the lock the writer checks after each creation.
-            self.aborted.store(true, Ordering::Release);
-            f.aborted = true;
-            if f.released {
-                return;
-            }
-            std::mem::take(&mut f.entries)
+        let Some(entries) = self.files.abort() else {
+            return;
         };
         // Wake a writer blocked on its in-flight budget: it returns `Aborted` now instead of
         // waiting for a slow device. Its in-flight writes still own their buffers and files.
@@ -207,8 +281,7 @@ impl SpillWriter {
         let shared = Arc::new(WriterShared {
             core: core.clone(),
             lane,
-            files: Mutex::new(Files::default()),
-            aborted: AtomicBool::new(false),
+            files: AbortableFiles::new(),
             tracker: Tracker::default(),
         });
         let hook_id = task
@@ -301,7 +374,7 @@ impl SpillWriter {
         if self.life != Life::Open {
             return Err(SpillError::WriterFailed);
         }
-        if self.shared.aborted.load(Ordering::Acquire) {
+        if self.shared.files.is_aborted() {
             return Err(self.observe_abort());
         }
         if self.placing.is_some() {
@@ -501,7 +574,7 @@ impl SpillWriter {
     fn poll_inflight_below(&mut self, limit: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let mut s = self.shared.tracker.st.lock();
         loop {
-            if self.shared.aborted.load(Ordering::Acquire) {
+            if self.shared.files.is_aborted() {
                 return Poll::Ready(Err(SpillError::Aborted));
             }
             if let Some((idx, e)) = s.error.take() {
@@ -646,7 +719,7 @@ impl SpillWriter {
                     return Err(e);
                 }
             };
-            if self.shared.aborted.load(Ordering::Acquire) {
+            if self.shared.files.is_aborted() {
                 return Err(SpillError::Aborted);
             }
             let task_plan = self.task.fault_plan();
@@ -733,17 +806,20 @@ impl SpillWriter {
             &core.fault,
             FaultPoint::WriterAfterCreate,
         );
-        let entry_index = {
-            let mut f = self.shared.files.lock();
-            if f.aborted && !cfg!(feature = "broken-skip-abort-check") {
-                drop(f);
-                drop(fd);
-                self.delete_now(&dir, seg, ticket, true);
-                return Err(SpillError::Aborted);
-            }
-            f.entries.push(SegmentEntry::new(dir.clone(), seg, ticket));
-            f.entries.len() - 1
-        };
+        let entry_index =
+            match self
+                .shared
+                .files
+                .record(SegmentEntry::new(dir.clone(), seg, ticket))
+            {
+                Ok(i) => i,
+                Err(entry) => {
+                    drop(fd);
+                    Counters::add(&core.counters.late_files_deleted, 1);
+                    delete_segments(&core, self.lane, vec![entry]);
+                    return Err(SpillError::Aborted);
+                }
+            };
         let file = FileHandle::new(fd, core.reaper.clone());
         let mut buf = core
             .pool
@@ -775,14 +851,8 @@ impl SpillWriter {
 
     /// Hands the files to a new `SpilledState` registered in this writer's place.
     fn hand_off(mut self) -> Result<SpilledState> {
-        let entries = {
-            let mut f = self.shared.files.lock();
-            if f.aborted {
-                drop(f);
-                return Err(self.observe_abort());
-            }
-            f.released = true;
-            std::mem::take(&mut f.entries)
+        let Some(entries) = self.shared.files.take_for_hand_off() else {
+            return Err(self.observe_abort());
         };
         self.life = Life::Finished;
         let task_plan = self.task.fault_plan();
@@ -823,13 +893,8 @@ impl SpillWriter {
     }
 
     fn delete_own_files(&self) {
-        let entries = {
-            let mut f = self.shared.files.lock();
-            if f.aborted || f.released {
-                return;
-            }
-            f.released = true;
-            std::mem::take(&mut f.entries)
+        let Some(entries) = self.shared.files.take_own() else {
+            return;
         };
         delete_segments(&self.core, self.lane, entries);
     }
@@ -947,7 +1012,7 @@ impl RecordSlot<'_> {
         match kind {
             SlotKind::Owned(b) => w.write(b.freeze()),
             SlotKind::InPlace { at, len } => {
-                if w.shared.aborted.load(Ordering::Acquire) {
+                if w.shared.files.is_aborted() {
                     return Err(w.observe_abort());
                 }
                 let Some(buf) = w.staging.as_mut() else {
@@ -1034,5 +1099,94 @@ impl SpillWriter {
             w: self,
             kind: SlotKind::InPlace { at, len },
         })
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+
+    /// Where a file ended.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum End {
+        /// Deleted by the hook or by the writer.
+        Deleted,
+        /// Handed to a `SpilledState` (which then owns its delete).
+        HandedOff,
+    }
+
+    /// How the writer ends once its files are made.
+    #[derive(Debug, Clone, Copy)]
+    enum Finish {
+        /// `finish`: the hand-off.
+        HandOff,
+        /// A failure (or a drop): the writer deletes its own files.
+        Fail,
+    }
+
+    /// A writer creating `files` files, then finishing as `finish`, races the scope's abort
+    /// hook. Exactly one of the hook and the writer's hand-off (or own cleanup) takes the list,
+    /// and it takes every file recorded; every file created ends exactly once: deleted by the
+    /// hook, deleted by the writer (refused after the abort, or its own cleanup), or handed off.
+    fn writer_races_the_hook(files: usize, finish: Finish) {
+        loom::model(move || {
+            let list = Arc::new(AbortableFiles::<usize>::new());
+            let hook = {
+                let list = list.clone();
+                thread::spawn(move || list.abort())
+            };
+            let mut ends: Vec<(usize, End)> = Vec::new();
+            let mut created = 0;
+            let mut taken = None;
+            'writer: {
+                for f in 0..files {
+                    // `open_segment`'s early check, before the ticket and the create.
+                    if list.is_aborted() {
+                        break 'writer;
+                    }
+                    created += 1; // the file exists from here on
+                    match list.record(f) {
+                        Ok(i) => assert_eq!(i, f),
+                        Err(f) => {
+                            ends.push((f, End::Deleted));
+                            break 'writer;
+                        }
+                    }
+                }
+                taken = match finish {
+                    Finish::HandOff => list.take_for_hand_off().map(|v| (v, End::HandedOff)),
+                    Finish::Fail => list.take_own().map(|v| (v, End::Deleted)),
+                };
+            }
+            let by_hook = hook.join().unwrap();
+            match (by_hook, taken) {
+                (Some(v), None) => ends.extend(v.into_iter().map(|f| (f, End::Deleted))),
+                (None, Some((v, end))) => {
+                    assert_eq!(v.len(), created, "the writer took a partial list: {v:?}");
+                    ends.extend(v.into_iter().map(|f| (f, end)));
+                }
+                (h, w) => panic!("the list must have one taker: hook {h:?}, writer {w:?}"),
+            }
+            for f in 0..created {
+                let n = ends.iter().filter(|(g, _)| *g == f).count();
+                assert_eq!(n, 1, "file {f} ended {n} times: {ends:?}");
+            }
+            assert_eq!(
+                ends.len(),
+                created,
+                "a file that was never created ended: {ends:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn loom_abortable_files_hand_off() {
+        writer_races_the_hook(2, Finish::HandOff);
+    }
+
+    #[test]
+    fn loom_abortable_files_fail() {
+        writer_races_the_hook(2, Finish::Fail);
     }
 }

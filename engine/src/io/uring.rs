@@ -11,14 +11,14 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::TryRecvError;
 use io_uring::{IoUring, opcode, register::Probe, squeue, types};
 
+use super::wake::EventWake;
 use super::{
     Deadline, IoSetup, LaneRx, Msg, Op, OpKind, Wake, WriteData, abandoned, injected, skip_len,
 };
@@ -31,29 +31,6 @@ const WAKE_TOKEN: u64 = u64::MAX;
 /// worker cap), and each can take tens of milliseconds on a disk with online discard: what is
 /// in the kernel is what a shutdown must wait for, so only a few go there at a time.
 const MAX_UNLINKS: usize = 8;
-
-/// Wakes a ring thread blocked in `io_uring_enter` by writing its eventfd.
-struct EventWake {
-    efd: OwnedFd,
-    sleeping: AtomicBool,
-}
-
-impl Wake for EventWake {
-    fn wake(&self) {
-        if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
-            // (EAGAIN) means a wake is already pending, which is all we need.
-            unsafe {
-                libc::write(
-                    self.efd.as_raw_fd(),
-                    (&one as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                );
-            }
-        }
-    }
-}
 
 struct Slot {
     op: Option<Op>,
@@ -141,17 +118,7 @@ pub(crate) fn spawn(
             .register_buffers_sparse(nslots as u32)
             .is_ok();
 
-    // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a freshly created fd that nothing else owns.
-    let efd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let wake = Arc::new(EventWake {
-        efd,
-        sleeping: AtomicBool::new(false),
-    });
+    let wake = Arc::new(EventWake::new()?);
     // One slot less than the SQ: the eventfd poll is always in flight too.
     let nops = entries as usize - 1;
     let mut r = Ring {
@@ -221,7 +188,7 @@ impl Ring {
             }
             let mut want = usize::from(self.ring.completion().is_empty());
             if want == 1 {
-                self.wake.sleeping.store(true, Ordering::SeqCst);
+                self.wake.sleeping.announce_sleep();
                 let waiting = !self.backlog.is_empty()
                     || !self.lane.rx.is_empty()
                     || (!self.unlinks.is_empty() && self.unlinks_inflight < MAX_UNLINKS);
@@ -230,7 +197,7 @@ impl Ring {
                 }
             }
             let r = self.ring.submit_and_wait(want);
-            self.wake.sleeping.store(false, Ordering::SeqCst);
+            self.wake.sleeping.awake();
             match r {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
