@@ -146,8 +146,6 @@ struct Queue {
     stop: bool,
     /// No attempt before this instant (set after a failed batch).
     retry_at: Option<Instant>,
-    /// A batch is being worked on.
-    busy: bool,
 }
 
 /// The cleanup worker's queue and its metrics. The worker thread itself is started by the
@@ -156,9 +154,14 @@ struct Queue {
 pub(crate) struct Cleanup {
     queue: Mutex<Queue>,
     cv: Condvar,
-    /// Wakes waiters of [`Cleanup::wait_idle`].
-    idle_cv: Condvar,
     pending: AtomicU64,
+    /// Every unit of delete work not finished: deletes in flight on an I/O thread, records
+    /// pending, orphan sweeps queued or running. Each hand-over (a failed delete becoming a
+    /// record, a confirmed name queueing its directory's `rmdir`) counts the new unit before
+    /// it ends the old one, so one load of zero means nothing is left (see
+    /// [`Cleanup::outstanding`]); two counters read one after the other could both miss a unit
+    /// moving between them.
+    outstanding: AtomicU64,
     /// Set by [`Cleanup::stop`]; read without the queue's lock inside a batch or a sweep, so a
     /// shutdown never waits for more than the one unlink under way.
     stopping: AtomicBool,
@@ -177,8 +180,8 @@ impl Cleanup {
         Cleanup {
             queue: Mutex::new(Queue::default()),
             cv: Condvar::new(),
-            idle_cv: Condvar::new(),
             pending: AtomicU64::new(0),
+            outstanding: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             epoch: Instant::now(),
             oldest: Mutex::new(OldestSample { at: None, age: 0.0 }),
@@ -212,14 +215,32 @@ impl Cleanup {
     }
 
     fn push(&self, r: Record) {
+        self.begin(1);
         let mut q = self.queue.lock();
         q.records.push_back(r);
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.cv.notify_all();
     }
 
+    /// Counts `n` new units of delete work (before the unit they replace ends).
+    pub(crate) fn begin(&self, n: u64) {
+        self.outstanding.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// Ends one unit of delete work (after the unit that replaces it, if any, began).
+    pub(crate) fn end(&self) {
+        self.outstanding.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Units of delete work not finished: zero means every delete the engine was asked for
+    /// (and every orphan sweep) is confirmed done. One load.
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.outstanding.load(Ordering::SeqCst)
+    }
+
     /// Queues the deletion of a dead process's directory tree (renamed out of the way).
     pub(crate) fn sweep(&self, path: PathBuf) {
+        self.begin(1);
         let mut q = self.queue.lock();
         q.sweeps.push_back(path);
         self.cv.notify_all();
@@ -321,19 +342,6 @@ impl Cleanup {
         self.queue.lock().retry_at = None;
         self.cv.notify_all();
     }
-
-    /// Waits until no record and no sweep is pending, up to `deadline`. True if idle.
-    pub(crate) fn wait_idle(&self, deadline: Instant) -> bool {
-        let mut q = self.queue.lock();
-        loop {
-            if q.records.is_empty() && q.sweeps.is_empty() && !q.busy {
-                return true;
-            }
-            if self.idle_cv.wait_until(&mut q, deadline).timed_out() {
-                return q.records.is_empty() && q.sweeps.is_empty() && !q.busy;
-            }
-        }
-    }
 }
 
 /// Queues the deletes of `entries` on an I/O thread and returns at once. Confirmed (or absent)
@@ -343,6 +351,7 @@ pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<Segmen
         return;
     }
     let n = entries.len();
+    core.cleanup.begin(n as u64);
     Counters::add(&core.counters.deletes_in_flight, n as u64);
     let batch = Arc::new(DeleteBatch {
         core: core.clone(),
@@ -414,6 +423,7 @@ impl OpSink for DeleteBatch {
         // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
         // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
         Counters::add(&c.deletes_in_flight, u64::MAX); // -1
+        self.core.cleanup.end();
     }
 }
 
@@ -427,6 +437,7 @@ fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
 
 /// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
 pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<DirEntry>) {
+    core.cleanup.begin(1);
     Counters::add(&core.counters.deletes_in_flight, 1);
     let sink = Arc::new(RmdirSink {
         core: core.clone(),
@@ -465,6 +476,7 @@ impl OpSink for RmdirSink {
             }
         }
         Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1, last (see above)
+        self.core.cleanup.end();
     }
 }
 
@@ -506,8 +518,6 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
             let mut q = cl.queue.lock();
             loop {
                 if q.stop {
-                    q.busy = false;
-                    cl.idle_cv.notify_all();
                     return;
                 }
                 let now = Instant::now();
@@ -524,17 +534,13 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
                 if !q.records.is_empty() && waiting.is_none() {
                     let n = q.records.len().min(core.cfg.cleanup_batch);
                     let batch: Vec<Record> = q.records.drain(..n).collect();
-                    q.busy = true;
                     break Work::Records(batch);
                 }
                 if waiting.is_none()
                     && let Some(p) = q.sweeps.pop_front()
                 {
-                    q.busy = true;
                     break Work::Sweep(p);
                 }
-                q.busy = false;
-                cl.idle_cv.notify_all();
                 match waiting {
                     Some(t) => {
                         cl.cv.wait_until(&mut q, t);
@@ -650,21 +656,23 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             failed.push(r);
             continue;
         }
-        core.cleanup.pending.fetch_sub(1, Ordering::Relaxed);
-        Counters::add(&core.counters.cleanup_released, 1);
         if r.seg == DIR_RECORD {
             if let Some(d) = &dir {
                 core.dirs.remove(d);
             }
-            continue;
+        } else {
+            core.ledger
+                .release_retained(RetainedTicket::from_pages(r.pages));
+            if let Some(d) = dir
+                && d.file_gone() == DirNext::Remove
+            {
+                // Counted before this record ends (see `Cleanup::outstanding`).
+                remove_dir(core, &d);
+            }
         }
-        core.ledger
-            .release_retained(RetainedTicket::from_pages(r.pages));
-        if let Some(d) = dir
-            && d.file_gone() == DirNext::Remove
-        {
-            remove_dir(core, &d);
-        }
+        core.cleanup.pending.fetch_sub(1, Ordering::Relaxed);
+        Counters::add(&core.counters.cleanup_released, 1);
+        core.cleanup.end();
     }
     failed
 }

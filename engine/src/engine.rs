@@ -196,9 +196,7 @@ impl EngineInner {
         for t in tasks {
             t.close(true);
         }
-        let drained = wait_until(deadline, || {
-            Counters::get(&core.counters.deletes_in_flight) == 0
-        }) && core.cleanup.wait_idle(deadline);
+        let drained = wait_until(deadline, || core.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
         core.cleanup.stop();
@@ -315,17 +313,26 @@ impl Engine {
         let mut id = random_id();
         let mut proc_dirs = Vec::with_capacity(cfg.roots.len());
         let mut claimed = Vec::new();
-        for (i, root) in cfg.roots.iter().enumerate() {
-            let (pd, found) = sweep::claim(root, i, &mut id, &reaper)?;
-            proc_dirs.push(pd);
-            claimed.extend(found);
-        }
-        // From here on, a failure must not leave our directories behind.
+        // A failure must not leave our directories behind. (One that holds a dead engine's
+        // directory claimed meanwhile stays: it is not empty, its lock dies with this call,
+        // and the next open on the root sweeps it.)
         let cleanup_dirs = |proc_dirs: &[Arc<ProcDir>]| {
             for pd in proc_dirs {
                 let _ = std::fs::remove_dir(&pd.path);
             }
         };
+        for (i, root) in cfg.roots.iter().enumerate() {
+            match sweep::claim(root, i, &mut id, &reaper) {
+                Ok((pd, found)) => {
+                    proc_dirs.push(pd);
+                    claimed.extend(found);
+                }
+                Err(e) => {
+                    cleanup_dirs(&proc_dirs);
+                    return Err(e);
+                }
+            }
+        }
         if cfg.mode == WriteMode::Direct
             && let Err(e) = probe_direct(&proc_dirs)
         {
@@ -463,21 +470,18 @@ impl Engine {
     pub fn settle(&self, timeout: Duration) -> bool {
         let core = &self.inner.core;
         let deadline = Instant::now() + timeout;
-        let ok = wait_until(deadline, || {
-            Counters::get(&core.counters.deletes_in_flight) == 0
-        }) && core.cleanup.wait_idle(deadline)
-            && wait_until(deadline, || {
-                Counters::get(&core.counters.deletes_in_flight) == 0
-            });
+        // One counter of all delete work, which a unit moving between the I/O threads and
+        // the cleanup worker never leaves at zero (see `Cleanup::outstanding`).
+        let ok = wait_until(deadline, || core.cleanup.outstanding() == 0);
         core.reaper.flush();
         ok
     }
 
-    /// Deletes queued to an I/O thread and not completed, plus cleanup records pending: zero
-    /// when every file the engine was asked to delete is confirmed gone. Cheap (two loads).
+    /// Deletes queued to an I/O thread and not completed, cleanup records pending, and orphan
+    /// sweeps not finished: zero when every file the engine was asked to delete is confirmed
+    /// gone. One load.
     pub fn pending_deletes(&self) -> u64 {
-        let core = &self.inner.core;
-        Counters::get(&core.counters.deletes_in_flight) + core.cleanup.pending()
+        self.inner.core.cleanup.outstanding()
     }
 
     /// The cleanup queue in order, as (directory index, segment number). Not a stable API:

@@ -168,8 +168,9 @@ pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     match r {
         Ok(()) => {
             Counters::add(&core.counters.orphan_dirs_swept, 1);
+            core.cleanup.end();
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => core.cleanup.end(),
         // Stopped by a shutdown: the rest stays in our process directory for the next open.
         Err(e) if e.kind() == io::ErrorKind::Interrupted => core.cleanup.sweep_left(path),
         Err(e) => {

@@ -30,6 +30,7 @@ per_backend!(
     shutdown_keeps_its_budget_with_slow_deletes_queued,
     reader_during_a_publish_that_rolls_back,
     a_panicking_waker_does_not_kill_the_io_thread,
+    settle_waits_for_a_directory_removal_that_fails,
 );
 
 /// Defect 1: a cancel between the writer's abort check and the directory's file count. The
@@ -550,4 +551,74 @@ fn a_panicking_waker_does_not_kill_the_io_thread(b: BackendKind) {
     assert_eq!(r.unwrap(), Some(200 << 10));
     drop(task);
     assert_clean(&engine, dir.path());
+}
+
+/// Found by fuzzing (state_machine, fuzz/regressions/state_machine/settle-gap-rmdir-*): `settle`
+/// returned true while a delete was unresolved. The cleanup worker confirmed a file, queued its
+/// task directory's `rmdir` and went idle; `settle` then waited only for the `rmdir`, which
+/// failed and became a cleanup record after `settle` had looked at the queue.
+fn settle_waits_for_a_directory_removal_that_fails(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(51);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
+    let task = engine.task("gap").unwrap();
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from(record(0, 10))).unwrap();
+    let state = w.finish().unwrap();
+    // A file the engine does not own makes the directory's rmdir fail (ENOTEMPTY), and the
+    // rmdir is slow, so it fails after the worker went idle.
+    let task_dir = state.paths()[0].parent().unwrap().to_path_buf();
+    let foreign = task_dir.join("foreign");
+    std::fs::write(&foreign, b"x").unwrap();
+    plan.fail_times(FaultPoint::IoUnlink, libc::EIO, 1); // the segment's delete
+    plan.arm(
+        FaultPoint::IoUnlink,
+        spillring::FaultAction::Delay(Duration::from_millis(100)),
+        spillring::Trigger::Times(1), // the rmdir
+    );
+    drop((state, task));
+    let e2 = engine.clone();
+    let settler = thread::spawn(move || {
+        let ok = e2.settle(T);
+        (ok, e2.pending_deletes(), e2.metrics().cleanup_pending)
+    });
+    // Once the rmdir failed, let it succeed on the worker's retry.
+    let deadline = Instant::now() + T;
+    while engine.metrics().delete_failures < 2 {
+        assert!(Instant::now() < deadline, "{:?}", engine.metrics());
+        thread::sleep(Duration::from_millis(1));
+    }
+    std::fs::remove_file(&foreign).unwrap();
+    let (ok, pending, records) = settler.join().unwrap();
+    assert!(ok);
+    assert_eq!(
+        (pending, records),
+        (0, 0),
+        "settle returned true with delete work left"
+    );
+    assert_clean(&engine, dir.path());
+}
+
+/// Found by fuzzing (config, fuzz/regressions/config/failed-open-leaves-process-dir): an open
+/// whose second root cannot be made failed as it should, but left the first root's new
+/// process directory behind.
+#[test]
+fn a_failed_open_leaves_no_process_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("r0");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let err = Engine::open(
+        spillring::EngineConfig::new(&good)
+            .add_root(file.join("sub"))
+            .backend(BackendKind::Psync),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("create root"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&good)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "a failed open left {left:?}");
 }
