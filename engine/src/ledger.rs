@@ -41,6 +41,8 @@ pub(crate) struct Ledger {
 pub(crate) struct Ticket {
     ledger: Arc<Ledger>,
     pages: u64,
+    /// Became a [`RetainedTicket`]: its drop gives nothing back (the record holds it).
+    retained: bool,
 }
 
 /// A ticket kept by a name-only cleanup record: capacity stays held until
@@ -92,6 +94,7 @@ impl Ledger {
         Ok(Ticket {
             ledger: self.clone(),
             pages: want,
+            retained: false,
         })
     }
 
@@ -181,15 +184,16 @@ impl Ticket {
     }
 
     /// Keeps the capacity held without a pointer to the ledger, for a name-only record.
-    pub(crate) fn retain(self) -> RetainedTicket {
+    pub(crate) fn retain(mut self) -> RetainedTicket {
         let pages = u32::try_from(self.pages).unwrap_or(u32::MAX);
-        // The capacity stays taken: forget the ticket so its Drop does not give it back.
         let extra = self.pages.saturating_sub(u64::from(pages));
         if extra > 0 {
             // Only a > 16 TiB segment could get here; keep the accounting exact anyway.
             self.ledger.pages_used.fetch_sub(extra, Ordering::AcqRel);
         }
-        std::mem::forget(self);
+        // The capacity stays taken: the drop below gives nothing back, but it does drop the
+        // ticket's reference to the ledger (forgetting the ticket leaked the ledger).
+        self.retained = true;
         RetainedTicket { pages }
     }
 }
@@ -208,7 +212,9 @@ impl RetainedTicket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.ledger.give_back(self.pages);
+        if !self.retained {
+            self.ledger.give_back(self.pages);
+        }
     }
 }
 
@@ -274,6 +280,20 @@ mod tests {
         l.release_retained(r);
         assert_eq!(l.used(), 0);
         assert_eq!(l.bytes_used(), 0);
+    }
+
+    /// Found by LeakSanitizer and Miri: `retain` forgot the ticket, and with it the ticket's
+    /// reference to the ledger, which was then never freed.
+    #[test]
+    fn a_retained_ticket_keeps_no_reference_to_the_ledger() {
+        let l = Ledger::new(2, None);
+        let r = l.reserve(PAGE).unwrap().retain();
+        assert_eq!(
+            Arc::strong_count(&l),
+            1,
+            "the retained ticket leaked a ledger reference"
+        );
+        l.release_retained(r);
     }
 }
 
