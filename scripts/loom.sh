@@ -12,8 +12,9 @@
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
 #   loom_sleep_wake_*       io/wake.rs  the ring thread's sleep/wake handshake
 #   loom_ledger_*           ledger.rs   ticket reserve/grow/shrink/retain/release (1, 3)
+#   loom_worker_batch_*     cleanup.rs  a batch's outcomes reach the worker, each at its name (4)
 #
-# Bounds (LOOM_MAX_PREEMPTIONS): the abort list, the grants and the directory count are
+# Bounds (LOOM_MAX_PREEMPTIONS): the abort list, the grants, the directory count and the batch are
 # explored exhaustively; the lane gate and the sleep/wake handshake with at most 5 preemptions
 # per execution, the ledger with at most 3 (at 4 it takes over 3 minutes alone).
 #
@@ -55,7 +56,7 @@ run() {
 }
 
 start=$SECONDS
-run - loom_abortable_files loom_grants loom_dir_count
+run - loom_abortable_files loom_grants loom_dir_count loom_worker_batch
 run 5 loom_lane_gate loom_sleep_wake
 run 3 loom_ledger
 echo "loom.sh: every model passed in $((SECONDS - start)) s"

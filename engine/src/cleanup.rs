@@ -27,6 +27,7 @@ use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::ledger::{RetainedTicket, Ticket};
 use crate::metrics::Counters;
 use crate::segment::SegmentFileName;
+use crate::sync;
 
 /// Segment number that marks a record for the directory itself (its `rmdir`).
 pub(crate) const DIR_RECORD: u32 = u32::MAX;
@@ -480,14 +481,37 @@ impl OpSink for RmdirSink {
     }
 }
 
-/// Collects the outcomes of one worker batch.
+/// Collects the outcomes of one worker batch, completed on I/O threads (or inline) while the
+/// worker waits: the worker sees every outcome, each exactly where its name is, before it
+/// releases exactly the confirmed names (invariant 4; modelled by
+/// `loom_worker_batch_sees_every_outcome`). Its lock and condvar come from the `sync` shim.
 struct WorkerBatch {
-    results: Mutex<Vec<Option<io::Result<usize>>>>,
-    left: Mutex<usize>,
-    cv: Condvar,
+    results: sync::Mutex<Vec<Option<io::Result<usize>>>>,
+    left: sync::Mutex<usize>,
+    cv: sync::Condvar,
 }
 
 impl WorkerBatch {
+    fn new(n: usize) -> Self {
+        WorkerBatch {
+            results: sync::Mutex::new((0..n).map(|_| None).collect()),
+            left: sync::Mutex::new(n),
+            cv: sync::Condvar::new(),
+        }
+    }
+
+    /// Waits until every name of the batch arrived; returns the outcomes, in batch order
+    /// (`None`: not attempted).
+    fn wait(&self) -> Vec<Option<io::Result<usize>>> {
+        {
+            let mut left = self.left.lock();
+            while *left > 0 {
+                self.cv.wait(&mut left);
+            }
+        }
+        std::mem::take(&mut *self.results.lock())
+    }
+
     /// Counts one record as done: completed, or not attempted (its result stays `None`).
     fn arrived(&self) {
         let mut left = self.left.lock();
@@ -586,11 +610,7 @@ const INLINE_BATCH: usize = 64;
 /// Deletes one batch of records; returns the ones that failed (whole, in order).
 fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
-    let sink = Arc::new(WorkerBatch {
-        results: Mutex::new((0..n).map(|_| None).collect()),
-        left: Mutex::new(n),
-        cv: Condvar::new(),
-    });
+    let sink = Arc::new(WorkerBatch::new(n));
     let mut dirs: Vec<Option<Arc<DirEntry>>> = Vec::with_capacity(n);
     for (i, r) in batch.iter().enumerate() {
         let dir = core.dirs.get(r.dir);
@@ -632,13 +652,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(libc::ENOENT))),
         }
     }
-    {
-        let mut left = sink.left.lock();
-        while *left > 0 {
-            sink.cv.wait(&mut left);
-        }
-    }
-    let results = std::mem::take(&mut *sink.results.lock());
+    let results = sink.wait();
     let mut failed = Vec::new();
     for ((r, res), dir) in batch.into_iter().zip(results).zip(dirs) {
         let ok = match &res {
@@ -725,5 +739,40 @@ mod tests {
         drop(SegmentEntry::new(dir, 9, ledger.reserve(1).unwrap()).release());
         assert_eq!(cleanup.pending(), 2);
         assert_eq!(ledger.used(), 2);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+
+    /// Invariant 4's collection step: two names of a batch complete on two I/O threads (one
+    /// confirmed, one failed) and a third is not attempted, while the worker waits. In every
+    /// interleaving the worker returns only once all three arrived, and sees each outcome at
+    /// its own name: so exactly the confirmed name is released.
+    #[test]
+    fn loom_worker_batch_sees_every_outcome() {
+        loom::model(|| {
+            let b = std::sync::Arc::new(WorkerBatch::new(3));
+            let b1 = b.clone();
+            let t1 = thread::spawn(move || b1.complete(0, Ok(0)));
+            let b2 = b.clone();
+            let t2 =
+                thread::spawn(move || b2.complete(1, Err(io::Error::from_raw_os_error(libc::EIO))));
+            b.arrived(); // name 2: not attempted
+            let results = b.wait();
+            assert!(
+                matches!(results[0], Some(Ok(0))),
+                "a confirmed outcome was lost"
+            );
+            assert!(
+                matches!(&results[1], Some(Err(e)) if e.raw_os_error() == Some(libc::EIO)),
+                "a failure was lost or misplaced"
+            );
+            assert!(results[2].is_none());
+            t1.join().unwrap();
+            t2.join().unwrap();
+        });
     }
 }
