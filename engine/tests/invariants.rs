@@ -2,6 +2,7 @@
 //! broke it (one deliberate bug at a time in a copy of the engine) while the rest of the suite
 //! still passed. The bug each test catches is named in its docs.
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -15,18 +16,6 @@ use spillring::{
 };
 
 const T: Duration = Duration::from_secs(10);
-
-/// Stamps `uring::name` and `psync::name` from `fn name(backend)`.
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
-        mod uring {
-            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Uring) })*
-        }
-        mod psync {
-            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Psync) })*
-        }
-    };
-}
 
 per_backend!(
     inv6_a_segment_deleted_under_a_reader_reads_as_aborted,

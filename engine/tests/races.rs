@@ -1,6 +1,7 @@
 //! Regression tests for the races an independent review found (each failed on the code before
 //! its fix). One test per race and backend: nextest names the backend that fails.
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -11,18 +12,6 @@ use std::time::{Duration, Instant};
 use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint, SpillError};
 
 const T: Duration = Duration::from_secs(10);
-
-/// Stamps `uring::name` and `psync::name` from `fn name(backend)`.
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
-        mod uring {
-            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Uring) })*
-        }
-        mod psync {
-            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Psync) })*
-        }
-    };
-}
 
 per_backend!(
     cancel_before_the_first_file_is_counted,

@@ -1,6 +1,20 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+/// Stamps `uring::name` and `psync::name` from `fn name(backend)`, one test per backend, so
+/// nextest names the backend that fails. The caller imports `BackendKind` and `serial`.
+#[allow(unused_macros)]
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {
+        mod uring {
+            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Uring) })*
+        }
+        mod psync {
+            $(#[test] fn $name() { let _s = super::serial(); super::$name(super::BackendKind::Psync) })*
+        }
+    };
+}
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
