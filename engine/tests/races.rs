@@ -20,6 +20,9 @@ per_backend!(
     reader_during_a_publish_that_rolls_back,
     a_panicking_waker_does_not_kill_the_io_thread,
     settle_waits_for_a_directory_removal_that_fails,
+    quota_bounds_preallocated_blocks_of_finished_spills,
+    quota_bounds_the_allocation_of_direct_segments_rotated_early,
+    a_large_record_after_a_dropped_slot_is_counted_in_the_quota,
 );
 
 /// Defect 1: a cancel between the writer's abort check and the directory's file count. The
@@ -324,13 +327,11 @@ fn allocated_and_sizes(root: &std::path::Path) -> (u64, u64) {
 /// Defect 3: with `preallocate(true)` the KEEP_SIZE blocks past a finished segment's end were
 /// never given back, while its ticket shrank to the written length: 50 small spills under a
 /// 2 MiB quota held 50 MiB of disk.
-#[test]
-fn quota_bounds_preallocated_blocks_of_finished_spills() {
-    let _s = serial();
+fn quota_bounds_preallocated_blocks_of_finished_spills(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let quota = 2 << 20;
     let engine = Engine::open(
-        cfg(dir.path(), BackendKind::Auto)
+        cfg(dir.path(), b)
             .segment_size(1 << 20)
             .preallocate(true)
             .max_spill_bytes(quota),
@@ -361,13 +362,11 @@ fn quota_bounds_preallocated_blocks_of_finished_spills() {
 
 /// Defect 3, direct mode: a segment rotated early kept its whole allocation while its ticket
 /// shrank to the written length (8 MiB quota, 12 MiB on disk).
-#[test]
-fn quota_bounds_the_allocation_of_direct_segments_rotated_early() {
-    let _s = serial();
+fn quota_bounds_the_allocation_of_direct_segments_rotated_early(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let quota = 8 << 20;
     let engine = Engine::open(
-        cfg(dir.path(), BackendKind::Auto)
+        cfg(dir.path(), b)
             .mode(spillring::WriteMode::Direct)
             .segment_size(1 << 20)
             .max_spill_bytes(quota),
@@ -413,11 +412,9 @@ fn quota_bounds_the_allocation_of_direct_segments_rotated_early() {
 /// Defect 3: a dropped `RecordSlot` left an empty segment open whose ticket held one segment;
 /// the next record larger than a segment went into it without rotating, and the ticket never
 /// grew, so the quota undercounted the file.
-#[test]
-fn a_large_record_after_a_dropped_slot_is_counted_in_the_quota() {
-    let _s = serial();
+fn a_large_record_after_a_dropped_slot_is_counted_in_the_quota(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(cfg(dir.path(), BackendKind::Auto).segment_size(64 << 10)).unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
     let task = engine.task("slot").unwrap();
     let mut w = task.writer().unwrap();
     drop(w.record(100).unwrap()); // opens segment 0, writes nothing
