@@ -28,6 +28,10 @@
 //! pending, no `.bin` file and no task directory left under the root.
 #![no_main]
 
+#[path = "common/sweep.rs"]
+mod sweep;
+use sweep::sweep_stale;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -97,29 +101,6 @@ extern "C" fn remove_base() {
     eprintln!("state_machine stats: {}", line.join(" "));
     if let Some(b) = BASE.get() {
         let _ = std::fs::remove_dir_all(b);
-    }
-}
-
-/// Removes the temp dirs that earlier runs of `prefix` left when they crashed (their process is
-/// gone: a crash aborts before any clean-up). Names are `<prefix><pid>-<random>`.
-fn sweep_stale(prefix: &str) {
-    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
     }
 }
 
