@@ -90,6 +90,34 @@ pub enum SpillError {
         max: u64,
     },
 
+    /// A name the caller passed is not a plain file name: a publish prefix or a task id that
+    /// is empty, holds a `/` or a NUL, or is too long. Nothing was changed.
+    #[error("invalid {what} {name:?}: {reason}")]
+    InvalidName {
+        /// What the name is for: "publish prefix", "task id".
+        what: &'static str,
+        /// The name as given.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+
+    /// `publish` needs the only grant on a state, and `grants` are alive (readers or clones).
+    /// Nothing was changed: drop them and call again.
+    #[error("publish needs the only grant on the state; {grants} are alive")]
+    StateShared {
+        /// Grants alive when publish was called, its own included.
+        grants: usize,
+    },
+
+    /// A task directory ran out of segment numbers (the file name format's limit). The writer
+    /// failed and deleted its files; a new task scope starts numbering afresh.
+    #[error("segment numbers exhausted in task directory {path}")]
+    SegmentsExhausted {
+        /// The task directory.
+        path: PathBuf,
+    },
+
     /// This writer failed earlier (the error was returned then) and deleted its files; it takes
     /// no further writes.
     #[error("writer already failed; its files were deleted")]

@@ -38,6 +38,7 @@ mod dir;
 mod engine;
 mod error;
 pub mod fault;
+mod grant;
 mod io;
 mod ledger;
 mod metrics;

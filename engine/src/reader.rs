@@ -33,10 +33,10 @@ use memmap2::{Advice, Mmap, MmapOptions};
 
 use crate::dir::TaskDir;
 use crate::error::{Result, SpillError};
+use crate::grant::{Grant, open_error};
 use crate::io::{Reaped, Reaper};
 use crate::metrics::Counters;
 use crate::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::state::{Grant, open_error};
 
 /// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
 struct MapOwner {

@@ -145,10 +145,16 @@ impl TaskShared {
         let name = format!("t{}-{}", self.seq, sanitize(&self.id));
         let path = proc_dir.path.join(&name);
         let io_err = |op, e| SpillError::io(op, path.clone(), e);
-        let cname = CString::new(name.as_bytes())
-            .map_err(|_| SpillError::InvalidConfig("task id with a NUL byte".into()))?;
-        let nbuf = NameBuf::new(name.as_bytes())
-            .ok_or_else(|| SpillError::InvalidConfig("task directory name too long".into()))?;
+        let cname = CString::new(name.as_bytes()).map_err(|_| SpillError::InvalidName {
+            what: "task id",
+            name: self.id.clone(),
+            reason: "contains a NUL",
+        })?;
+        let nbuf = NameBuf::new(name.as_bytes()).ok_or_else(|| SpillError::InvalidName {
+            what: "task id",
+            name: self.id.clone(),
+            reason: "makes a task directory name too long",
+        })?;
         dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
         let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
             Ok(fd) => fd,

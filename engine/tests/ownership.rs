@@ -37,7 +37,7 @@ fn publish_moves_the_files_to_the_caller_and_the_engine_forgets_them() {
         let st2 = st.clone();
         assert!(matches!(
             st2.publish(dest.path(), "out"),
-            Err(SpillError::InvalidConfig(_))
+            Err(SpillError::StateShared { grants: 3 })
         ));
         drop((r, st2));
         let paths = st.publish(dest.path(), "out").unwrap();
@@ -112,7 +112,16 @@ fn publish_into_a_missing_destination_loses_nothing() {
     let e = st.publish(&missing, "x").unwrap_err();
     assert!(matches!(e, SpillError::Io { .. }), "{e}");
     let e = st.publish(dir.path(), "a/b").unwrap_err();
-    assert!(matches!(e, SpillError::InvalidConfig(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpillError::InvalidName {
+                what: "publish prefix",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A destination on which the rename fails (a file in the way is never replaced).
     let dest = tempfile::tempdir_in(dir.path()).unwrap();
     std::fs::write(dest.path().join("x-000000.bin"), b"theirs").unwrap();
