@@ -226,6 +226,7 @@ impl EngineConfig {
         self
     }
 
+    #[cfg(feature = "fault-injection")]
     /// Installs a fault plan: named fault points at the syscall boundary, for tests and loadgen.
     /// Default: none (every fault point is one never-taken branch).
     pub fn fault_plan(mut self, plan: Arc<FaultPlan>) -> Self {

@@ -1,8 +1,10 @@
 //! Named fault points at the syscall boundary, driven by a seeded plan.
 //!
-//! A plan is installed per engine ([`crate::EngineConfig::fault_plan`]), so tests running in
-//! parallel never see each other's faults. Without a plan every fault point is one branch on an
-//! `Option`. Faults are injected where the engine meets the kernel, on both backends:
+//! A plan is installed per engine (`EngineConfig::fault_plan`), so tests running in parallel
+//! never see each other's faults. All of it is behind the `fault-injection` cargo feature, as
+//! raft-engine gates its failpoints: without the feature the plan API does not exist and every
+//! fault point is the constant "go on" (no branch on the hot path); with it and no plan, every
+//! point is one branch on an `Option`. Faults are injected where the engine meets the kernel, on both backends:
 //!
 //! | point | where | effect of `Fail(errno)` |
 //! |---|---|---|
@@ -295,9 +297,13 @@ fn unit(seed: u64, point: FaultPoint, call: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Checks `point` against an optional plan.
-#[inline]
+/// Checks `point` against an optional plan. Without the `fault-injection` feature no plan can
+/// be installed and this is the constant [`Injected::None`]: the hot path has no fault branch.
+#[inline(always)]
 pub(crate) fn check(plan: &Option<Arc<FaultPlan>>, point: FaultPoint) -> Injected {
+    if !ENABLED {
+        return Injected::None;
+    }
     match plan {
         None => Injected::None,
         Some(p) => p.check(point),
@@ -305,12 +311,15 @@ pub(crate) fn check(plan: &Option<Arc<FaultPlan>>, point: FaultPoint) -> Injecte
 }
 
 /// Checks `point` against a task's plan first, then the engine's.
-#[inline]
+#[inline(always)]
 pub(crate) fn check2(
     task: Option<&Arc<FaultPlan>>,
     engine: &Option<Arc<FaultPlan>>,
     point: FaultPoint,
 ) -> Injected {
+    if !ENABLED {
+        return Injected::None;
+    }
     if let Some(p) = task {
         let r = p.check(point);
         if r != Injected::None {
@@ -319,6 +328,10 @@ pub(crate) fn check2(
     }
     check(engine, point)
 }
+
+/// True when the crate is built with the `fault-injection` feature (the engine's own tests,
+/// loadgen and the benches enable it): only then can a plan be installed.
+pub(crate) const ENABLED: bool = cfg!(feature = "fault-injection");
 
 /// Longest a fault-point pause lasts if nobody releases it.
 pub const PAUSE_LIMIT: Duration = Duration::from_secs(30);

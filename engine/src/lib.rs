@@ -37,7 +37,11 @@ mod config;
 mod dir;
 mod engine;
 mod error;
+#[cfg(feature = "fault-injection")]
 pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+#[allow(dead_code, unreachable_pub)]
+mod fault;
 mod grant;
 mod io;
 mod ledger;
@@ -59,6 +63,7 @@ pub use config::{
 };
 pub use engine::{Engine, ShutdownReport};
 pub use error::{Result, SpillError};
+#[cfg(feature = "fault-injection")]
 pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
 pub use metrics::Metrics;
 pub use reader::SpillReader;

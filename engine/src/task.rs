@@ -64,6 +64,9 @@ impl TaskShared {
 
     /// The task's own fault plan, consulted before the engine's at the writer's points.
     pub(crate) fn fault_plan(&self) -> Option<Arc<FaultPlan>> {
+        if !crate::fault::ENABLED {
+            return None;
+        }
         self.fault.lock().clone()
     }
 
@@ -266,6 +269,7 @@ impl TaskSpill {
         self.shared.is_closed()
     }
 
+    #[cfg(feature = "fault-injection")]
     /// Installs a fault plan for this task's writers only (`WriterCreate`,
     /// `WriterAfterCreate`), consulted before the engine's plan. A testing hook: it lets a test
     /// or a load generator pause one chosen task between a file creation and its abort check.
