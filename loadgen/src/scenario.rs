@@ -42,29 +42,68 @@ pub enum Flavor {
 #[derive(Debug, Default)]
 pub struct Slot {
     pub op: AtomicU64,
-    pub phase: AtomicU8,
+    phase: AtomicU8,
 }
 
-pub const PHASES: [&str; 9] = [
-    "idle",
-    "writing",
-    "finishing",
-    "reading",
-    "publishing",
-    "cancelling",
-    "waiting for control",
-    "closing",
-    "done",
-];
-const P_IDLE: u8 = 0;
-const P_WRITE: u8 = 1;
-const P_FINISH: u8 = 2;
-const P_READ: u8 = 3;
-const P_PUBLISH: u8 = 4;
-const P_CANCEL: u8 = 5;
-const P_CTL: u8 = 6;
-const P_CLOSE: u8 = 7;
-pub const P_DONE: u8 = 8;
+impl Slot {
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Relaxed);
+    }
+
+    /// The phase last set (`None` for a value no phase has, which cannot happen).
+    pub fn phase(&self) -> Option<Phase> {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+}
+
+/// A worker's phase, as the stall report names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Idle,
+    Writing,
+    Finishing,
+    Reading,
+    Publishing,
+    Cancelling,
+    WaitingForControl,
+    Closing,
+    Done,
+}
+
+impl Phase {
+    /// Every phase, in the order of their values.
+    pub const ALL: [Phase; 9] = [
+        Phase::Idle,
+        Phase::Writing,
+        Phase::Finishing,
+        Phase::Reading,
+        Phase::Publishing,
+        Phase::Cancelling,
+        Phase::WaitingForControl,
+        Phase::Closing,
+        Phase::Done,
+    ];
+
+    /// The name printed in the stall report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Writing => "writing",
+            Phase::Finishing => "finishing",
+            Phase::Reading => "reading",
+            Phase::Publishing => "publishing",
+            Phase::Cancelling => "cancelling",
+            Phase::WaitingForControl => "waiting for control",
+            Phase::Closing => "closing",
+            Phase::Done => "done",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Phase> {
+        Phase::ALL.get(usize::from(v)).copied()
+    }
+}
 
 /// A published file loadgen now owns.
 #[derive(Debug)]
@@ -199,12 +238,12 @@ pub async fn worker(ctx: Arc<Ctx>, wid: usize, flavor: Flavor) -> Hists {
         if let Some(mut op) = Op::new(&ctx, &mut wk, idx) {
             op.run().await;
         }
-        slot.phase.store(P_IDLE, Ordering::Relaxed);
+        slot.set_phase(Phase::Idle);
         Counters::add(&ctx.stats.c.ops_done, 1);
         check_kept(&ctx, &mut wk);
     }
     check_kept(&ctx, &mut wk);
-    ctx.slots[wid].phase.store(P_DONE, Ordering::Relaxed);
+    ctx.slots[wid].set_phase(Phase::Done);
     wk.hists
 }
 
@@ -367,10 +406,8 @@ impl<'a> Op<'a> {
         })
     }
 
-    fn phase(&self, p: u8) {
-        self.ctx.slots[self.wk.wid]
-            .phase
-            .store(p, Ordering::Relaxed);
+    fn phase(&self, p: Phase) {
+        self.ctx.slots[self.wk.wid].set_phase(p);
     }
 
     fn flavor(&self) -> Flavor {
@@ -470,7 +507,7 @@ impl<'a> Op<'a> {
 
     /// One record, retrying admission refusals for a while.
     async fn write(&mut self, w: &mut SpillWriter, rec: Bytes) -> Result<(), SpillError> {
-        self.phase(P_WRITE);
+        self.phase(Phase::Writing);
         let expect = Expect::of(&rec);
         let started = Instant::now();
         loop {
@@ -525,7 +562,7 @@ impl<'a> Op<'a> {
     }
 
     async fn finish(&mut self, w: SpillWriter) -> Result<SpilledState, SpillError> {
-        self.phase(P_FINISH);
+        self.phase(Phase::Finishing);
         let t = Instant::now();
         let r = match self.flavor() {
             Flavor::Thread => w.finish(),
@@ -548,7 +585,7 @@ impl<'a> Op<'a> {
         upto: Option<usize>,
         mut keep: Option<&mut Vec<(u64, Bytes, Expect)>>,
     ) -> Result<usize, (usize, SpillError)> {
-        self.phase(P_READ);
+        self.phase(Phase::Reading);
         let mut i = from;
         loop {
             if upto.is_some_and(|u| i >= u) {
@@ -638,7 +675,7 @@ impl<'a> Op<'a> {
     }
 
     fn publish(&mut self, st: SpilledState) {
-        self.phase(P_PUBLISH);
+        self.phase(Phase::Publishing);
         let ctx = self.ctx;
         match st.publish(&ctx.published_dir, &self.id) {
             Ok(paths) => {
@@ -678,7 +715,7 @@ impl<'a> Op<'a> {
 
     /// Cancels now (this thread) and starts timing abort-to-clean if files exist.
     fn cancel_now(&self, files: bool) {
-        self.phase(P_CANCEL);
+        self.phase(Phase::Cancelling);
         let t0 = Instant::now();
         self.task.cancel();
         if files {
@@ -750,7 +787,7 @@ impl<'a> Op<'a> {
             Counters::add(&ctx.stats.c.ops_normal, 1);
             self.normal().await;
         }
-        self.phase(P_CLOSE);
+        self.phase(Phase::Closing);
         self.task.close();
     }
 
@@ -853,7 +890,7 @@ impl<'a> Op<'a> {
                 break;
             }
         }
-        self.phase(P_CTL);
+        self.phase(Phase::WaitingForControl);
         ctl.join().await;
         if !failed {
             let r = self.finish(w).await;
@@ -889,7 +926,7 @@ impl<'a> Op<'a> {
             }
         }
         writer_done.store(true, Ordering::Release);
-        self.phase(P_CTL);
+        self.phase(Phase::WaitingForControl);
         let reached = ctl.join().await.unwrap_or(false);
         let c = &self.ctx.stats.c;
         Counters::add(
@@ -933,7 +970,7 @@ impl<'a> Op<'a> {
         let ctl = self.cancel_at(FaultPoint::WriterHandOff, finished.clone(), files);
         let r = self.finish(w).await;
         finished.store(true, Ordering::Release);
-        self.phase(P_CTL);
+        self.phase(Phase::WaitingForControl);
         let reached = ctl.join().await.unwrap_or(false);
         let c = &self.ctx.stats.c;
         Counters::add(
@@ -981,7 +1018,7 @@ impl<'a> Op<'a> {
             // The cancel races finish().
             let ctl = self.cancel_soon(w.segments() > 0);
             let r = self.finish(w).await;
-            self.phase(P_CTL);
+            self.phase(Phase::WaitingForControl);
             ctl.join().await;
             match r {
                 Ok(st) => self.expect_aborted("reader", st.reader()),
@@ -1001,7 +1038,7 @@ impl<'a> Op<'a> {
         let files = st.segments() > 0;
         if self.rng.chance(0.3) {
             // Closing the scope at the task's end closes the state the same way.
-            self.phase(P_CANCEL);
+            self.phase(Phase::Cancelling);
             let t0 = Instant::now();
             self.task.close();
             if files {
@@ -1058,7 +1095,7 @@ impl<'a> Op<'a> {
             // From another thread while this one keeps reading.
             let ctl = self.cancel_soon(files);
             let res = self.read(&mut r, at, None, Some(&mut kept));
-            self.phase(P_CTL);
+            self.phase(Phase::WaitingForControl);
             ctl.join().await;
             if let Err((_, e)) = res {
                 self.judge_cancelled("read", &e);
@@ -1161,11 +1198,10 @@ pub fn describe_slots(slots: &[Slot]) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let p = s.phase.load(Ordering::Relaxed) as usize;
             format!(
                 "worker {i}: op{} {}",
                 s.op.load(Ordering::Relaxed),
-                PHASES.get(p).copied().unwrap_or("?")
+                s.phase().map_or("?", Phase::as_str)
             )
         })
         .collect()
@@ -1186,6 +1222,35 @@ mod tests {
 
     fn errno(n: i32) -> SpillError {
         io(std::io::Error::from_raw_os_error(n))
+    }
+
+    /// The stall report names the phases as it always did.
+    #[test]
+    fn phases_keep_their_values_and_names() {
+        let names = [
+            "idle",
+            "writing",
+            "finishing",
+            "reading",
+            "publishing",
+            "cancelling",
+            "waiting for control",
+            "closing",
+            "done",
+        ];
+        for (i, p) in Phase::ALL.into_iter().enumerate() {
+            assert_eq!(p as usize, i, "{p:?}");
+            assert_eq!(p.as_str(), names[i]);
+            assert_eq!(Phase::from_u8(i as u8), Some(p));
+        }
+        assert_eq!(Phase::from_u8(9), None);
+        let slot = Slot::default();
+        assert_eq!(slot.phase(), Some(Phase::Idle));
+        slot.set_phase(Phase::WaitingForControl);
+        assert_eq!(
+            describe_slots(std::slice::from_ref(&slot)),
+            ["worker 0: op0 waiting for control"]
+        );
     }
 
     fn is_bad(v: &Verdict) -> bool {
