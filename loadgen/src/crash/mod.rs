@@ -3,72 +3,35 @@
 //! sweep, and checks on the filesystem that nothing of the dead process is left, that the
 //! caller-owned published files were not touched, and that a bystander engine's live spill
 //! (open across every kill and sweep) is intact. Repeats `--kills N` times.
+//!
+//! The parts: [`child`] (the `run` child: its start, its log, what it leaves on disk),
+//! [`bystander`] (the other engine's spill that must survive) and [`report`] (the JSON report
+//! and the summary).
+
+mod bystander;
+mod child;
+mod report;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use serde::Serialize;
-use spillring::{Engine, EngineConfig, SpilledState, TaskSpill};
+use spillring::Engine;
 
-use crate::args::{Backend, CrashArgs, Progress, Workload};
-use crate::check::{self, FileId};
-use crate::data::{Expect, Pool, Rng, mix, record_len};
+use crate::args::{CrashArgs, Progress};
+use crate::check;
+use crate::data::{Rng, mix};
 use crate::progress::Out;
-use crate::report::{self, Leaks, Machine, lat_cell, table};
+use crate::report::Leaks;
 use crate::run::finish_report;
-use crate::stats::{LatSummary, Violation, new_hist, record, summarize};
+use crate::stats::{Violation, new_hist, record, summarize};
 
-#[derive(Debug, Serialize)]
-pub struct CrashReport {
-    pub kind: &'static str,
-    pub name: String,
-    pub loadgen_version: &'static str,
-    pub seed: u64,
-    pub commit: String,
-    pub command: Vec<String>,
-    pub machine: Machine,
-    pub root: PathBuf,
-    pub config: Workload,
-    /// `--backend`: `auto`, or the backend that had to run.
-    pub backend_requested: Backend,
-    /// The backend the engines that swept after each kill ran on ("io_uring" or "psync").
-    pub backend: String,
-    pub elapsed_secs: f64,
-    pub kills: u64,
-    /// Segment files of the killed children on disk right after their deaths.
-    pub orphan_files_total: u64,
-    pub orphan_files_swept: u64,
-    pub kill_reports: Vec<KillReport>,
-    pub latency: BTreeMap<&'static str, LatSummary>,
-    pub bystander_ok: bool,
-    pub leaks: Leaks,
-    pub violation_count: u64,
-    pub violations: Vec<Violation>,
-    pub passed: bool,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KillReport {
-    pub kill: u32,
-    pub child_pid: u32,
-    pub dead_engine: String,
-    /// How long the child ran after its first segment file appeared.
-    pub delay_ms: u64,
-    pub segment_files_at_kill: u64,
-    pub task_dirs_at_kill: u64,
-    pub published_files_at_kill: u64,
-    /// Orphan files the next engine's sweep deleted (its metric).
-    pub orphan_files_swept: u64,
-    /// From the next engine's open until the root held nothing of the dead process.
-    pub sweep_ms: f64,
-    pub child_status: String,
-}
+use bystander::bystander;
+use child::{
+    ChildLog, child_log_violations, count_segments, nothing_of, snapshot, spawn_child, wait_ready,
+};
+use report::{CrashReport, KillReport, summary};
 
 struct State {
     out: Out,
@@ -92,122 +55,8 @@ impl State {
     }
 }
 
-/// A spill of another engine, kept open across every kill: it must survive the sweeps.
-struct Bystander {
-    engine: Engine,
-    task: TaskSpill,
-    state: SpilledState,
-    expect: Vec<Expect>,
-}
-
-fn bystander(w: &Workload, root: &Path, seed: u64) -> Result<Bystander, String> {
-    let roots = w.spill_roots(root);
-    let mut cfg = EngineConfig::new(&roots[0]);
-    for r in &roots[1..] {
-        cfg = cfg.add_root(r);
-    }
-    let engine = Engine::open(cfg.segment_size(64 << 10).io_buffer_size(16 << 10))
-        .map_err(|e| format!("open the bystander engine: {e}"))?;
-    let task = engine
-        .task("bystander")
-        .map_err(|e| format!("bystander task: {e}"))?;
-    let mut w = task
-        .writer()
-        .map_err(|e| format!("bystander writer: {e}"))?;
-    let pool = Pool::new(seed, 1 << 20);
-    let mut rng = Rng::new(mix(seed ^ 0xB157));
-    let mut expect = Vec::new();
-    for _ in 0..400 {
-        let len = record_len(&mut rng, 32 << 10);
-        let rec: Bytes = pool.record(&mut rng, len);
-        expect.push(Expect::of(&rec));
-        w.write(rec).map_err(|e| format!("bystander write: {e}"))?;
-    }
-    let state = w.finish().map_err(|e| format!("bystander finish: {e}"))?;
-    Ok(Bystander {
-        engine,
-        task,
-        state,
-        expect,
-    })
-}
-
-impl Bystander {
-    /// Reads the spill back and checks it; then closes everything.
-    fn verify_and_close(self, st: &mut State) -> bool {
-        let mut ok = true;
-        match self.state.reader() {
-            Ok(mut r) => {
-                let mut i = 0;
-                loop {
-                    match r.next_record() {
-                        Ok(Some(b)) => {
-                            if let Some(why) = self.expect.get(i).and_then(|e| e.mismatch(&b)) {
-                                st.bad(
-                                    "bystander",
-                                    format!("record {i}: {why}"),
-                                    "bystander spill".into(),
-                                );
-                                ok = false;
-                                break;
-                            }
-                            i += 1;
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            st.bad(
-                                "bystander",
-                                format!(
-                                    "a live engine's spill was damaged by a sweep: record {i}: {e}"
-                                ),
-                                format!("{:?}", self.state.paths()),
-                            );
-                            ok = false;
-                            break;
-                        }
-                    }
-                }
-                if ok && i != self.expect.len() {
-                    st.bad(
-                        "bystander",
-                        format!("read {i} records, {} were written", self.expect.len()),
-                        "bystander spill".into(),
-                    );
-                    ok = false;
-                }
-            }
-            Err(e) => {
-                st.bad(
-                    "bystander",
-                    format!("reader: {e}"),
-                    "bystander spill".into(),
-                );
-                ok = false;
-            }
-        }
-        drop(self.state);
-        self.task.close();
-        if !self.engine.settle(Duration::from_secs(30)) {
-            st.bad(
-                "settle",
-                "the bystander engine did not settle".into(),
-                "bystander".into(),
-            );
-        }
-        let r = self.engine.shutdown(Duration::from_secs(10));
-        if !r.drained || r.tickets_held != 0 {
-            st.bad(
-                "leak",
-                format!("bystander shutdown left work: {r:?}"),
-                "bystander".into(),
-            );
-        }
-        ok
-    }
-}
-
 pub fn main(a: CrashArgs) -> i32 {
-    let seed = a.workload.seed.unwrap_or_else(report::clock_seed);
+    let seed = a.workload.seed.unwrap_or_else(crate::report::clock_seed);
     // Without it there is no fd leak check: a run that cannot check must not pass.
     let fds_before = match check::fds() {
         Ok(f) => f,
@@ -552,9 +401,9 @@ fn execute(
         name: a.name.clone(),
         loadgen_version: env!("CARGO_PKG_VERSION"),
         seed,
-        commit: report::commit().to_owned(),
+        commit: crate::report::commit().to_owned(),
         command: std::env::args().collect(),
-        machine: report::machine(root.parent().unwrap_or(root)),
+        machine: crate::report::machine(root.parent().unwrap_or(root)),
         root: root.to_path_buf(),
         config: a.workload.clone(),
         backend_requested: a.workload.backend,
@@ -571,166 +420,4 @@ fn execute(
         violations: st.violations.clone(),
         passed,
     })
-}
-
-fn spawn_child(
-    exe: &Path,
-    root: &Path,
-    seed: u64,
-    w: &Workload,
-    log: &Path,
-) -> Result<Child, String> {
-    let log = std::fs::File::create(log).map_err(|e| format!("create {}: {e}", log.display()))?;
-    Command::new(exe)
-        .arg("run")
-        .arg("--root")
-        .arg(root)
-        .args(["--seed", &seed.to_string()])
-        .args([
-            "--duration",
-            "3600",
-            "--progress",
-            "none",
-            "--stall-secs",
-            "3600",
-            "--crash-child",
-        ])
-        .args(w.child_args())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .map_err(|e| format!("spawn {}: {e}", exe.display()))
-}
-
-/// Waits for the child's READY line; returns its engine's process directories (one per root).
-fn wait_ready(child: &mut Child, timeout: Duration) -> Result<Vec<PathBuf>, String> {
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match r.read_line(&mut line) {
-                Ok(0) | Err(_) => {
-                    let _ = tx.send(None);
-                    return;
-                }
-                Ok(_) => {
-                    if let Some(p) = line.trim().strip_prefix("LOADGEN-READY ") {
-                        let _ = tx.send(Some(p.split('\t').map(PathBuf::from).collect()));
-                        // Keep draining so the child never blocks on a full pipe.
-                        let mut sink = String::new();
-                        while r.read_line(&mut sink).is_ok_and(|n| n > 0) {
-                            sink.clear();
-                        }
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(Some(p)) => Ok(p),
-        Ok(None) => Err("the child exited before it was ready".into()),
-        Err(_) => Err("the child did not get ready in time".into()),
-    }
-}
-
-/// A child's log file, removed when the kill is done with it (or the series gave up).
-struct ChildLog(PathBuf);
-
-impl Drop for ChildLog {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn child_log_violations(log: &Path, st: &mut State, k: u32) {
-    let Ok(text) = std::fs::read_to_string(log) else {
-        return;
-    };
-    for l in text
-        .lines()
-        .filter(|l| l.contains("VIOLATION") || l.contains("STALL") || l.contains("panicked"))
-    {
-        st.bad(
-            "child",
-            l.to_owned(),
-            format!("child {k} ({})", log.display()),
-        );
-    }
-}
-
-fn count_segments(dirs: &[PathBuf]) -> usize {
-    dirs.iter()
-        .map(|d| check::scan_root(d, &[], &[]).map_or(0, |s| s.segment_files.len()))
-        .sum()
-}
-
-/// True if no segment file under `root` was written by engine `dead`, looking into every
-/// directory except live bystanders'.
-fn nothing_of(root: &Path, dead: u64, ours: &[PathBuf], bystanders: &[PathBuf]) -> bool {
-    let Ok(s) = check::scan_root(root, ours, bystanders) else {
-        return false;
-    };
-    !s.segment_files
-        .iter()
-        .any(|f| check::segment_engine(f).is_none_or(|id| id == dead))
-}
-
-fn snapshot(dir: &Path) -> Vec<(PathBuf, FileId)> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            check::file_id(&p).ok().map(|id| (p, id))
-        })
-        .collect()
-}
-
-fn summary(r: &CrashReport) -> String {
-    let rows = vec![
-        ("seed".to_string(), r.seed.to_string()),
-        ("commit".into(), r.commit.clone()),
-        (
-            "backend".into(),
-            format!(
-                "{} (--backend {})",
-                r.backend,
-                crate::args::value_name(r.backend_requested)
-            ),
-        ),
-        ("elapsed".into(), format!("{:.1} s", r.elapsed_secs)),
-        ("kills".into(), r.kills.to_string()),
-        (
-            "segment files at the kills".into(),
-            format!(
-                "{} (swept by the next open: {})",
-                r.orphan_files_total, r.orphan_files_swept
-            ),
-        ),
-        ("open-to-clean sweep".into(), lat_cell(&r.latency["sweep"])),
-        ("bystander spill intact".into(), r.bystander_ok.to_string()),
-        (
-            "leaks".into(),
-            format!(
-                "files {}, dirs {}, fds {}, maps {}",
-                r.leaks.files, r.leaks.dirs, r.leaks.fds, r.leaks.maps
-            ),
-        ),
-        ("violations".into(), r.violation_count.to_string()),
-        (
-            "result".into(),
-            if r.passed {
-                "PASSED".into()
-            } else {
-                "FAILED".into()
-            },
-        ),
-    ];
-    table(&format!("loadgen crash `{}`", r.name), &rows)
 }
