@@ -2,6 +2,7 @@
 //! thread(s), the cleanup worker, the reaper, and the metrics.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, Weak};
@@ -216,7 +217,7 @@ impl EngineInner {
                     std::ffi::CString::new(name.as_encoded_bytes()),
                 )
             {
-                let _ = dir::unlink_at(dir::raw(&pfd), &cname, true);
+                let _ = dir::unlink_at(pfd.as_fd(), &cname, true);
             }
         }
         // The final closes of deleted files free their blocks: wait for them within the
@@ -509,10 +510,10 @@ impl Engine {
 fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
     for pd in proc_dirs {
         let name = c".spillring-direct-probe";
-        match dir::create_file_at(pd.fd.raw(), name, true) {
+        match dir::create_file_at(pd.fd.as_fd(), name, true) {
             Ok(fd) => {
                 drop(fd);
-                let _ = dir::unlink_at(pd.fd.raw(), name, false);
+                let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 return Err(SpillError::InvalidConfig(format!(

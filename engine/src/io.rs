@@ -12,8 +12,9 @@ mod wake;
 
 pub(crate) use gate::LaneGate;
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -52,6 +53,15 @@ impl FileHandle {
     pub(crate) fn raw(&self) -> RawFd {
         // `fd` is only None inside drop.
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+impl AsFd for FileHandle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.fd {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("a FileHandle's fd is only taken in its drop"),
+        }
     }
 }
 
@@ -139,6 +149,12 @@ impl NameBuf {
 
     pub(crate) fn as_ptr(&self) -> *const libc::c_char {
         self.buf.as_ptr().cast()
+    }
+
+    /// The name up to its NUL (every constructor leaves one: names are shorter than the
+    /// buffer).
+    pub(crate) fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(c"")
     }
 }
 

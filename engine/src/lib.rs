@@ -25,7 +25,8 @@
 //! Modules, one per concept: [`Engine`] (engine.rs), [`TaskSpill`] (task.rs), [`SpillWriter`]
 //! (writer.rs), [`SpilledState`] (state.rs), [`SpillReader`] (reader.rs), the ticket ledger
 //! (ledger.rs), the cleanup worker (cleanup.rs), the crash sweep (sweep.rs), the segment
-//! format (segment.rs), and the I/O layer (io.rs with io/uring.rs and io/psync.rs).
+//! format (segment.rs), the I/O layer (io.rs with io/uring.rs and io/psync.rs), and the
+//! syscall layer (sys/: every syscall outside io_uring, as safe functions on rustix).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -46,6 +47,7 @@ pub mod segment;
 mod state;
 mod sweep;
 mod sync;
+mod sys;
 mod task;
 #[doc(hidden)]
 pub mod testing;

@@ -25,7 +25,7 @@
 //! (`Bytes::copy_from_slice`) inside a `SIGBUS` handler's protection or read published files
 //! with plain `read` instead of through the engine.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -187,7 +187,7 @@ impl SpillReader {
             &state.core().fault,
             crate::fault::FaultPoint::ReaderOpen,
         );
-        let fd = match crate::dir::open_read_at(dir.raw(), name.as_cstr()) {
+        let fd = match crate::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
             Ok(fd) => fd,
             Err(e) => {
                 let err = open_error(state, path(), e);

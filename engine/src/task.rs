@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -149,11 +150,11 @@ impl TaskShared {
             .map_err(|_| SpillError::InvalidConfig("task id with a NUL byte".into()))?;
         let nbuf = NameBuf::new(name.as_bytes())
             .ok_or_else(|| SpillError::InvalidConfig("task directory name too long".into()))?;
-        dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
-        let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
+        dir::mkdir_at(proc_dir.fd.as_fd(), &cname).map_err(|e| io_err("create directory", e))?;
+        let fd = match dir::open_dir_at(proc_dir.fd.as_fd(), &cname) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = dir::unlink_at(proc_dir.fd.raw(), &cname, true);
+                let _ = dir::unlink_at(proc_dir.fd.as_fd(), &cname, true);
                 return Err(io_err("open directory", e));
             }
         };

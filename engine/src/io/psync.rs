@@ -2,6 +2,7 @@
 //! thread of the engine's, so callers keep write-behind semantics without io_uring.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -80,15 +81,6 @@ pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
         },
         OpKind::Unlink {
             dir, name, rmdir, ..
-        } => {
-            let flags = if *rmdir { libc::AT_REMOVEDIR } else { 0 };
-            // SAFETY: `name` is NUL-terminated and lives for the call; `dir` is an open fd.
-            let r = unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), flags) };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(0)
-            }
-        }
+        } => crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), *rmdir).map(|()| 0),
     }
 }
