@@ -147,10 +147,10 @@ impl Core {
 
 /// A fresh random 64-bit id.
 pub(crate) fn random_id() -> u64 {
-    let mut v: u64 = 0;
-    // SAFETY: getrandom writes at most 8 bytes into the live u64.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
+    let mut b = [0u8; 8];
+    let n = crate::sys::rand::getrandom(&mut b);
+    let mut v = u64::from_ne_bytes(b);
+    if !matches!(n, Ok(8)) {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -853,13 +853,18 @@ impl ReaperThread {
     }
 }
 
-/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
-pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
-    let (a, b): (&[u8], &[u8]) = if done < head.len() {
+/// `head` then `tail` after their first `done` bytes.
+fn slices_after<'a>(head: &'a [u8], tail: &'a [u8], done: usize) -> (&'a [u8], &'a [u8]) {
+    if done < head.len() {
         (&head[done..], tail)
     } else {
         (&tail[done - head.len()..], &[])
-    };
+    }
+}
+
+/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
+pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
+    let (a, b) = slices_after(head, tail, done);
     let iov = |s: &[u8]| libc::iovec {
         iov_base: s.as_ptr() as *mut libc::c_void,
         iov_len: s.len(),
@@ -868,32 +873,27 @@ pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iov
 }
 
 /// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
-pub(crate) fn pwrite_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn pwrite_all(
+    fd: BorrowedFd<'_>,
+    head: &[u8],
+    tail: &[u8],
+    offset: u64,
+) -> io::Result<usize> {
     let total = head.len() + tail.len();
     let mut done = 0usize;
     while done < total {
-        let (iov, cnt) = iovecs_after(head, tail, done);
-        // SAFETY: the iovecs point into `head` and `tail`, which live for the call; the kernel
-        // only reads from them.
-        let n = unsafe {
-            libc::pwritev(
-                fd,
-                iov.as_ptr(),
-                cnt as libc::c_int,
-                (offset + done as u64) as libc::off_t,
-            )
+        let (a, b) = slices_after(head, tail, done);
+        let iov = [io::IoSlice::new(a), io::IoSlice::new(b)];
+        let cnt = if b.is_empty() { 1 } else { 2 };
+        let n = match crate::sys::rw::pwritev(fd, &iov[..cnt], offset + done as u64) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero));
         }
-        done += n as usize;
+        done += n;
     }
     Ok(total)
 }

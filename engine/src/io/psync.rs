@@ -76,8 +76,10 @@ pub(crate) fn perform(op: &Op, fault: &Option<Arc<FaultPlan>>) -> io::Result<usi
 pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
     match kind {
         OpKind::Write { file, offset, data } => match data {
-            WriteData::Staged(buf) => pwrite_all(file.raw(), buf.filled(), &[], *offset),
-            WriteData::Framed { frame, payload } => pwrite_all(file.raw(), frame, payload, *offset),
+            WriteData::Staged(buf) => pwrite_all(file.as_fd(), buf.filled(), &[], *offset),
+            WriteData::Framed { frame, payload } => {
+                pwrite_all(file.as_fd(), frame, payload, *offset)
+            }
         },
         OpKind::Unlink {
             dir, name, rmdir, ..

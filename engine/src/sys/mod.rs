@@ -1,5 +1,6 @@
 //! The syscall layer: every syscall the engine makes outside its io_uring backend, as safe
-//! functions on [`rustix`]. This first part holds the filesystem calls.
+//! functions on [`rustix`] (and `memmap2` for the one file mapping), so that no module outside
+//! `sys` and `io` needs `unsafe`, and none outside `io` needs `libc`.
 //!
 //! Every function returns [`std::io::Result`]. A failed syscall's `io::Error` carries the
 //! kernel's errno as its `raw_os_error()` (rustix converts its `Errno` with
@@ -11,6 +12,14 @@
 //! std's own file APIs (`std::fs`), which are safe already.
 //!
 //! - [`fs`] has `openat`, `mkdirat`, `unlinkat`, `renameat2`, `flock`, `fallocate`,
-//!   `ftruncate`, `fstat`, and directory listing.
+//!   `ftruncate`, `fstat`, and directory listing;
+//! - [`mem`] the read-only mapping of a segment file;
+//! - [`rand`] `getrandom`;
+//! - [`event`] the eventfd that wakes a ring thread;
+//! - [`rw`] `pwritev` for the psync backend.
 
+pub(crate) mod event;
 pub(crate) mod fs;
+pub(crate) mod mem;
+pub(crate) mod rand;
+pub(crate) mod rw;
