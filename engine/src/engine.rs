@@ -20,6 +20,7 @@ use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
 use crate::ledger::Ledger;
 use crate::metrics::{Counters, Metrics};
 use crate::sweep;
+use crate::sys::errno;
 use crate::task::{TaskShared, TaskSpill};
 
 /// Health of one spill root.
@@ -87,7 +88,7 @@ impl Core {
     pub(crate) fn root_failed(&self, root: usize, e: &io::Error) -> bool {
         let device = matches!(
             e.raw_os_error(),
-            Some(libc::EIO) | Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS)
+            Some(errno::EIO) | Some(errno::ENOSPC) | Some(errno::EDQUOT) | Some(errno::EROFS)
         );
         if !device {
             return false;
@@ -515,7 +516,7 @@ fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
                 drop(fd);
                 let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
                 return Err(SpillError::InvalidConfig(format!(
                     "mode Direct: the filesystem of {} does not support O_DIRECT",
                     pd.path.display()

@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 
 use crate::fault::{self, FaultPlan, FaultPoint, Injected};
 use crate::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
+use crate::sys::errno;
 
 /// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
 pub(crate) trait OpSink: Send + Sync {
@@ -472,12 +473,12 @@ pub(crate) fn shut_down() -> io::Error {
 /// What an op that was queued but not started when the shutdown budget ran out reports.
 /// (`ECANCELED`: the op never ran, so its effect did not happen.)
 pub(crate) fn abandoned() -> io::Error {
-    io::Error::from_raw_os_error(libc::ECANCELED)
+    io::Error::from_raw_os_error(errno::ECANCELED)
 }
 
 /// True for the error of an op that was never started (see [`abandoned`]).
 pub(crate) fn is_abandoned(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ECANCELED)
+    e.raw_os_error() == Some(errno::ECANCELED)
 }
 
 /// The instant after which queued ops are failed instead of started (set by a shutdown), so

@@ -17,7 +17,7 @@ use crate::engine::Core;
 use crate::error::{Result, SpillError};
 use crate::io::{FileHandle, Reaper};
 use crate::metrics::Counters;
-use crate::sys;
+use crate::sys::{self, errno};
 
 /// Prefix of every engine's process directory.
 pub const PROC_PREFIX: &str = "spillring-";
@@ -123,7 +123,7 @@ fn claim_one(
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::ENOENT)
+                Some(errno::ENOTDIR) | Some(errno::ELOOP) | Some(errno::ENOENT)
             ) =>
         {
             return Ok(None);
