@@ -27,7 +27,10 @@
 //! (ledger.rs), the cleanup worker (cleanup.rs), the crash sweep (sweep.rs), the segment
 //! format (segment.rs), the I/O layer (io.rs with io/uring.rs and io/psync.rs), and the
 //! syscall layer (sys/: every syscall outside io_uring, as safe functions on rustix).
+//!
+//! `unsafe` is denied everywhere but in `io` (the io_uring backend) and `sys`.
 
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
@@ -39,6 +42,8 @@ mod dir;
 mod engine;
 mod error;
 pub mod fault;
+// The io_uring backend and its buffers are raw code; every other syscall goes through `sys`.
+#[allow(unsafe_code)]
 mod io;
 mod ledger;
 mod metrics;
@@ -47,6 +52,7 @@ pub mod segment;
 mod state;
 mod sweep;
 mod sync;
+#[allow(unsafe_code)]
 mod sys;
 mod task;
 #[doc(hidden)]
