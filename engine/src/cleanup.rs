@@ -28,6 +28,7 @@ use crate::ledger::{RetainedTicket, Ticket};
 use crate::metrics::Counters;
 use crate::segment::SegmentFileName;
 use crate::sync;
+use crate::sys::errno;
 
 /// Segment number that marks a record for the directory itself (its `rmdir`).
 pub(crate) const DIR_RECORD: u32 = u32::MAX;
@@ -405,7 +406,7 @@ impl OpSink for DeleteBatch {
                 Counters::add(&c.files_deleted, 1);
                 confirmed(&self.core, entry);
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
                 Counters::add(&c.files_already_absent, 1);
                 confirmed(&self.core, entry);
             }
@@ -468,7 +469,7 @@ impl OpSink for RmdirSink {
     fn complete(&self, _token: u64, res: io::Result<usize>) {
         match res {
             Ok(_) => self.core.dirs.remove(&self.dir),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.core.dirs.remove(&self.dir),
+            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => self.core.dirs.remove(&self.dir),
             Err(e) => {
                 Counters::add(&self.core.counters.delete_failures, 1);
                 tracing::warn!(path = %self.dir.path.display(), error = %e,
@@ -649,7 +650,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
                 }
             }
             // The directory is gone from the table: nothing of it can be deleted any more.
-            None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(libc::ENOENT))),
+            None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(errno::ENOENT))),
         }
     }
     let results = sink.wait();
@@ -657,7 +658,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     for ((r, res), dir) in batch.into_iter().zip(results).zip(dirs) {
         let ok = match &res {
             Some(Ok(_)) => true,
-            Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(libc::ENOENT),
+            Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(errno::ENOENT),
             // Not attempted (the worker or the engine is stopping): back to the queue, not a
             // failure.
             _ => {
@@ -758,8 +759,9 @@ mod loom_tests {
             let b1 = b.clone();
             let t1 = thread::spawn(move || b1.complete(0, Ok(0)));
             let b2 = b.clone();
-            let t2 =
-                thread::spawn(move || b2.complete(1, Err(io::Error::from_raw_os_error(libc::EIO))));
+            let t2 = thread::spawn(move || {
+                b2.complete(1, Err(io::Error::from_raw_os_error(errno::EIO)))
+            });
             b.arrived(); // name 2: not attempted
             let results = b.wait();
             assert!(
@@ -767,7 +769,7 @@ mod loom_tests {
                 "a confirmed outcome was lost"
             );
             assert!(
-                matches!(&results[1], Some(Err(e)) if e.raw_os_error() == Some(libc::EIO)),
+                matches!(&results[1], Some(Err(e)) if e.raw_os_error() == Some(errno::EIO)),
                 "a failure was lost or misplaced"
             );
             assert!(results[2].is_none());

@@ -5,7 +5,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -14,144 +14,93 @@ use parking_lot::Mutex;
 
 use crate::io::{FileHandle, NameBuf};
 use crate::sync::{AtomicU64, Ordering};
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-/// `openat` returning an owned fd.
-fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
-    loop {
-        // SAFETY: `name` is NUL-terminated and outlives the call; the returned fd is checked.
-        let r = unsafe {
-            libc::openat(
-                dir,
-                name.as_ptr(),
-                flags | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
-        };
-        match cvt(r) {
-            // SAFETY: a successful openat returns a new fd nothing else owns.
-            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
+use crate::sys::fs::{self, Mode, OFlags};
 
 /// Opens a directory (never through a symlink).
-pub(crate) fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    open_at(
+pub(crate) fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    fs::openat(
         dir,
         name,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        0,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+        Mode::empty(),
     )
 }
 
 /// Opens a directory by path.
 pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     let c = cpath(path)?;
-    open_at(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    fs::openat(
+        fs::CWD,
+        &c,
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    )
 }
 
 /// Creates a private (0700) directory.
-pub(crate) fn mkdir_at(dir: RawFd, name: &CStr) -> io::Result<()> {
-    // SAFETY: `name` is NUL-terminated and outlives the call.
-    cvt(unsafe { libc::mkdirat(dir, name.as_ptr(), 0o700) }).map(drop)
+pub(crate) fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
 }
 
 /// Creates a new private (0600) segment file; fails if the name exists or is a symlink.
-pub(crate) fn create_file_at(dir: RawFd, name: &CStr, direct: bool) -> io::Result<OwnedFd> {
-    let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+pub(crate) fn create_file_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    direct: bool,
+) -> io::Result<OwnedFd> {
+    let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
     if direct {
-        flags |= libc::O_DIRECT;
+        flags |= OFlags::DIRECT;
     }
-    open_at(dir, name, flags, 0o600)
+    fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
 }
 
 /// Opens an existing file for writing (never through a symlink).
-pub(crate) fn open_write_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    open_at(dir, name, libc::O_WRONLY | libc::O_NOFOLLOW, 0)
+pub(crate) fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    fs::openat(dir, name, OFlags::WRONLY | OFlags::NOFOLLOW, Mode::empty())
 }
 
 /// Opens a file for reading (never through a symlink).
-pub(crate) fn open_read_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    open_at(dir, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)
+pub(crate) fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    fs::openat(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())
 }
 
 /// `unlinkat` on the calling thread.
-pub(crate) fn unlink_at(dir: RawFd, name: &CStr, rmdir: bool) -> io::Result<()> {
-    let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
-    // SAFETY: `name` is NUL-terminated and outlives the call.
-    cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), flags) }).map(drop)
+pub(crate) fn unlink_at(dir: BorrowedFd<'_>, name: &CStr, rmdir: bool) -> io::Result<()> {
+    fs::unlinkat(dir, name, rmdir)
 }
 
 /// `renameat2(RENAME_NOREPLACE)` on the calling thread: never replaces an existing name.
-pub(crate) fn rename_at(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
-    // SAFETY: both names are NUL-terminated and outlive the call.
-    cvt(unsafe {
-        libc::renameat2(
-            from_dir,
-            from.as_ptr(),
-            to_dir,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    })
-    .map(drop)
+pub(crate) fn rename_at(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    fs::renameat_noreplace(from_dir, from, to_dir, to)
 }
 
 /// Takes an exclusive advisory lock (`flock`) without waiting; `Ok(false)` if another open file
 /// description holds it. The lock lives as long as the fd: it dies with its process, whatever
 /// the PID, which is why liveness is never decided by a PID.
-pub(crate) fn try_lock(fd: RawFd) -> io::Result<bool> {
-    // SAFETY: flock on an fd has no memory-safety preconditions.
-    let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(e)
-    }
+pub(crate) fn try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    fs::try_lock_exclusive(fd)
 }
 
 /// `fallocate(KEEP_SIZE)` the first `len` bytes. `Ok(false)` if the filesystem cannot.
-pub(crate) fn preallocate(fd: RawFd, len: u64) -> io::Result<bool> {
-    fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, len)
+pub(crate) fn preallocate(fd: BorrowedFd<'_>, len: u64) -> io::Result<bool> {
+    fs::fallocate(fd, true, len)
 }
 
 /// `fallocate` the first `len` bytes, growing the file to `len`. `Ok(false)` if the
 /// filesystem cannot.
-pub(crate) fn allocate(fd: RawFd, len: u64) -> io::Result<bool> {
-    fallocate(fd, 0, len)
-}
-
-fn fallocate(fd: RawFd, mode: libc::c_int, len: u64) -> io::Result<bool> {
-    loop {
-        // SAFETY: fallocate on an fd has no memory-safety preconditions.
-        let r = unsafe { libc::fallocate(fd, mode, 0, len as libc::off_t) };
-        match cvt(r) {
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
+pub(crate) fn allocate(fd: BorrowedFd<'_>, len: u64) -> io::Result<bool> {
+    fs::fallocate(fd, false, len)
 }
 
 /// `ftruncate` to `len`.
-pub(crate) fn truncate(fd: RawFd, len: u64) -> io::Result<()> {
-    // SAFETY: ftruncate on an fd has no memory-safety preconditions.
-    cvt(unsafe { libc::ftruncate(fd, len as libc::off_t) }).map(drop)
+pub(crate) fn truncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    fs::ftruncate(fd, len)
 }
 
 pub(crate) fn cpath(p: &Path) -> io::Result<std::ffi::CString> {
@@ -299,9 +248,9 @@ impl std::ops::Deref for TaskDir {
     }
 }
 
-impl TaskDir {
-    pub(crate) fn raw(&self) -> RawFd {
-        self.fd.raw()
+impl AsFd for TaskDir {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -375,16 +324,7 @@ impl DirTable {
 
 /// Lists the names in a directory (without "." and "..").
 pub(crate) fn list_dir(path: &Path) -> io::Result<Vec<std::ffi::OsString>> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(path)? {
-        out.push(e?.file_name());
-    }
-    Ok(out)
-}
-
-/// Raw fd of an owned fd (for the few places that need it).
-pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
-    fd.as_raw_fd()
+    fs::list_dir(path)
 }
 
 #[cfg(all(test, not(loom)))]

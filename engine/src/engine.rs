@@ -2,6 +2,7 @@
 //! thread(s), the cleanup worker, the reaper, and the metrics.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, Weak};
@@ -19,6 +20,7 @@ use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
 use crate::ledger::Ledger;
 use crate::metrics::{Counters, Metrics};
 use crate::sweep;
+use crate::sys::errno;
 use crate::task::{TaskShared, TaskSpill};
 
 /// Health of one spill root.
@@ -86,7 +88,7 @@ impl Core {
     pub(crate) fn root_failed(&self, root: usize, e: &io::Error) -> bool {
         let device = matches!(
             e.raw_os_error(),
-            Some(libc::EIO) | Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS)
+            Some(errno::EIO) | Some(errno::ENOSPC) | Some(errno::EDQUOT) | Some(errno::EROFS)
         );
         if !device {
             return false;
@@ -146,10 +148,10 @@ impl Core {
 
 /// A fresh random 64-bit id.
 pub(crate) fn random_id() -> u64 {
-    let mut v: u64 = 0;
-    // SAFETY: getrandom writes at most 8 bytes into the live u64.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
+    let mut b = [0u8; 8];
+    let n = crate::sys::rand::getrandom(&mut b);
+    let mut v = u64::from_ne_bytes(b);
+    if !matches!(n, Ok(8)) {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -216,7 +218,7 @@ impl EngineInner {
                     std::ffi::CString::new(name.as_encoded_bytes()),
                 )
             {
-                let _ = dir::unlink_at(dir::raw(&pfd), &cname, true);
+                let _ = dir::unlink_at(pfd.as_fd(), &cname, true);
             }
         }
         // The final closes of deleted files free their blocks: wait for them within the
@@ -509,12 +511,12 @@ impl Engine {
 fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
     for pd in proc_dirs {
         let name = c".spillring-direct-probe";
-        match dir::create_file_at(pd.fd.raw(), name, true) {
+        match dir::create_file_at(pd.fd.as_fd(), name, true) {
             Ok(fd) => {
                 drop(fd);
-                let _ = dir::unlink_at(pd.fd.raw(), name, false);
+                let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
                 return Err(SpillError::InvalidConfig(format!(
                     "mode Direct: the filesystem of {} does not support O_DIRECT",
                     pd.path.display()

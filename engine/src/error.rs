@@ -3,6 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::sys::errno;
+
 /// Everything a spillring call can fail with. Each variant names something a caller can act on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -132,7 +134,9 @@ impl SpillError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
         match source.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => SpillError::StorageFull { op, path, source },
+            Some(errno::ENOSPC) | Some(errno::EDQUOT) => {
+                SpillError::StorageFull { op, path, source }
+            }
             _ => SpillError::Io { op, path, source },
         }
     }

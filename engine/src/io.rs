@@ -12,8 +12,9 @@ mod wake;
 
 pub(crate) use gate::LaneGate;
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -26,6 +27,7 @@ use parking_lot::Mutex;
 
 use crate::fault::{self, FaultPlan, FaultPoint, Injected};
 use crate::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
+use crate::sys::errno;
 
 /// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
 pub(crate) trait OpSink: Send + Sync {
@@ -52,6 +54,15 @@ impl FileHandle {
     pub(crate) fn raw(&self) -> RawFd {
         // `fd` is only None inside drop.
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+impl AsFd for FileHandle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.fd {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("a FileHandle's fd is only taken in its drop"),
+        }
     }
 }
 
@@ -139,6 +150,12 @@ impl NameBuf {
 
     pub(crate) fn as_ptr(&self) -> *const libc::c_char {
         self.buf.as_ptr().cast()
+    }
+
+    /// The name up to its NUL (every constructor leaves one: names are shorter than the
+    /// buffer).
+    pub(crate) fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(c"")
     }
 }
 
@@ -456,12 +473,12 @@ pub(crate) fn shut_down() -> io::Error {
 /// What an op that was queued but not started when the shutdown budget ran out reports.
 /// (`ECANCELED`: the op never ran, so its effect did not happen.)
 pub(crate) fn abandoned() -> io::Error {
-    io::Error::from_raw_os_error(libc::ECANCELED)
+    io::Error::from_raw_os_error(errno::ECANCELED)
 }
 
 /// True for the error of an op that was never started (see [`abandoned`]).
 pub(crate) fn is_abandoned(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ECANCELED)
+    e.raw_os_error() == Some(errno::ECANCELED)
 }
 
 /// The instant after which queued ops are failed instead of started (set by a shutdown), so
@@ -837,13 +854,18 @@ impl ReaperThread {
     }
 }
 
-/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
-pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
-    let (a, b): (&[u8], &[u8]) = if done < head.len() {
+/// `head` then `tail` after their first `done` bytes.
+fn slices_after<'a>(head: &'a [u8], tail: &'a [u8], done: usize) -> (&'a [u8], &'a [u8]) {
+    if done < head.len() {
         (&head[done..], tail)
     } else {
         (&tail[done - head.len()..], &[])
-    };
+    }
+}
+
+/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
+pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
+    let (a, b) = slices_after(head, tail, done);
     let iov = |s: &[u8]| libc::iovec {
         iov_base: s.as_ptr() as *mut libc::c_void,
         iov_len: s.len(),
@@ -852,32 +874,27 @@ pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iov
 }
 
 /// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
-pub(crate) fn pwrite_all(fd: RawFd, head: &[u8], tail: &[u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn pwrite_all(
+    fd: BorrowedFd<'_>,
+    head: &[u8],
+    tail: &[u8],
+    offset: u64,
+) -> io::Result<usize> {
     let total = head.len() + tail.len();
     let mut done = 0usize;
     while done < total {
-        let (iov, cnt) = iovecs_after(head, tail, done);
-        // SAFETY: the iovecs point into `head` and `tail`, which live for the call; the kernel
-        // only reads from them.
-        let n = unsafe {
-            libc::pwritev(
-                fd,
-                iov.as_ptr(),
-                cnt as libc::c_int,
-                (offset + done as u64) as libc::off_t,
-            )
+        let (a, b) = slices_after(head, tail, done);
+        let iov = [io::IoSlice::new(a), io::IoSlice::new(b)];
+        let cnt = if b.is_empty() { 1 } else { 2 };
+        let n = match crate::sys::rw::pwritev(fd, &iov[..cnt], offset + done as u64) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero));
         }
-        done += n as usize;
+        done += n;
     }
     Ok(total)
 }

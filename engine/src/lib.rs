@@ -25,8 +25,12 @@
 //! Modules, one per concept: [`Engine`] (engine.rs), [`TaskSpill`] (task.rs), [`SpillWriter`]
 //! (writer.rs), [`SpilledState`] (state.rs), [`SpillReader`] (reader.rs), the ticket ledger
 //! (ledger.rs), the cleanup worker (cleanup.rs), the crash sweep (sweep.rs), the segment
-//! format (segment.rs), and the I/O layer (io.rs with io/uring.rs and io/psync.rs).
+//! format (segment.rs), the I/O layer (io.rs with io/uring.rs and io/psync.rs), and the
+//! syscall layer (sys/: every syscall outside io_uring, as safe functions on rustix).
+//!
+//! `unsafe` is denied everywhere but in `io` (the io_uring backend) and `sys`.
 
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
@@ -43,6 +47,8 @@ pub mod fault;
 #[allow(dead_code, unreachable_pub)]
 mod fault;
 mod grant;
+// The io_uring backend and its buffers are raw code; every other syscall goes through `sys`.
+#[allow(unsafe_code)]
 mod io;
 mod ledger;
 mod metrics;
@@ -51,6 +57,8 @@ pub mod segment;
 mod state;
 mod sweep;
 mod sync;
+#[allow(unsafe_code)]
+mod sys;
 mod task;
 #[doc(hidden)]
 pub mod testing;

@@ -25,11 +25,11 @@
 //! (`Bytes::copy_from_slice`) inside a `SIGBUS` handler's protection or read published files
 //! with plain `read` instead of through the engine.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use memmap2::{Advice, Mmap, MmapOptions};
+use memmap2::{Advice, Mmap};
 
 use crate::dir::TaskDir;
 use crate::error::{Result, SpillError};
@@ -187,7 +187,7 @@ impl SpillReader {
             &state.core().fault,
             crate::fault::FaultPoint::ReaderOpen,
         );
-        let fd = match crate::dir::open_read_at(dir.raw(), name.as_cstr()) {
+        let fd = match crate::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
             Ok(fd) => fd,
             Err(e) => {
                 let err = open_error(state, path(), e);
@@ -216,10 +216,10 @@ impl SpillReader {
         if len < HEADER_LEN {
             return Err(corrupt(size, "segment truncated inside its header"));
         }
-        // SAFETY: see the module docs: the file is private, opened without following links,
-        // and never written or truncated by the engine after its writer finished; the map
-        // covers only bytes that exist (`len <= size`).
-        let map = unsafe { MmapOptions::new().len(len).map(file.as_raw_fd()) }
+        // See the module docs: the file is private, opened without following links, and never
+        // written or truncated by the engine after its writer finished; the map covers only
+        // bytes that exist (`len <= size`).
+        let map = crate::sys::mem::map_segment(file.as_fd(), len)
             .map_err(|e| SpillError::io("mmap", path(), e))?;
         // Sequential doubles the readahead window. (WillNeed on the whole segment was tried:
         // cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s, quickstart.)

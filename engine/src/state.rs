@@ -7,6 +7,7 @@
 //! [`crate::grant`].
 
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -132,7 +133,7 @@ impl SpilledState {
                     // direct-mode padding past the written length.
                     trim_to(&e.dir, &from, e.len)
                         .and_then(|()| {
-                            dir::rename_at(e.dir.raw(), from.as_cstr(), dir::raw(&dest_fd), &to)
+                            dir::rename_at(e.dir.as_fd(), from.as_cstr(), dest_fd.as_fd(), &to)
                         })
                         .map_err(|err| SpillError::io("publish", dest.join(&to_name), err))
                 });
@@ -172,7 +173,7 @@ impl SpilledState {
 
 /// Truncates a segment to its written length if it is longer.
 fn trim_to(dir: &TaskDir, name: &SegmentFileName, len: u64) -> std::io::Result<()> {
-    let fd = dir::open_write_at(dir.raw(), name.as_cstr())?;
+    let fd = dir::open_write_at(dir.as_fd(), name.as_cstr())?;
     let f = std::fs::File::from(fd);
     if f.metadata()?.len() != len {
         f.set_len(len)?;

@@ -7,8 +7,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +17,7 @@ use crate::engine::Core;
 use crate::error::{Result, SpillError};
 use crate::io::{FileHandle, Reaper};
 use crate::metrics::Counters;
+use crate::sys::{self, errno};
 
 /// Prefix of every engine's process directory.
 pub const PROC_PREFIX: &str = "spillring-";
@@ -51,7 +51,7 @@ pub(crate) fn claim(
         let cname = CString::new(name.clone())
             .map_err(|_| root_err("name", io::ErrorKind::InvalidInput.into()))?;
         let path = root.join(&name);
-        match dir::mkdir_at(root_fd.as_raw_fd(), &cname) {
+        match dir::mkdir_at(root_fd.as_fd(), &cname) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 8 => {
                 *id = crate::engine::random_id();
@@ -59,7 +59,7 @@ pub(crate) fn claim(
             }
             Err(e) => return Err(SpillError::io("create process directory", path, e)),
         }
-        let fd = match dir::open_dir_at(root_fd.as_raw_fd(), &cname) {
+        let fd = match dir::open_dir_at(root_fd.as_fd(), &cname) {
             Ok(fd) => fd,
             // Another engine's sweep took our new directory before we opened it (it had no
             // lock yet, so it looked dead): start over with a fresh name.
@@ -69,7 +69,7 @@ pub(crate) fn claim(
             }
             Err(e) => return Err(SpillError::io("open process directory", path, e)),
         };
-        let locked = dir::try_lock(fd.as_raw_fd())
+        let locked = dir::try_lock(fd.as_fd())
             .map_err(|e| SpillError::io("lock process directory", path.clone(), e))?;
         let ours = locked && same_inode(&fd, &path);
         if ours {
@@ -107,18 +107,7 @@ pub(crate) fn claim(
 }
 
 fn same_inode(fd: &std::os::fd::OwnedFd, path: &Path) -> bool {
-    let Ok(a) = std::fs::metadata(path) else {
-        return false;
-    };
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat fills the stat buffer it is given; it is read only on success.
-    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
-    if r != 0 {
-        return false;
-    }
-    // SAFETY: fstat succeeded, so the buffer is initialised.
-    let st = unsafe { st.assume_init() };
-    a.dev() == st.st_dev && a.ino() == st.st_ino
+    sys::fs::same_inode(fd.as_fd(), path).unwrap_or(false)
 }
 
 /// Takes `name`'s lock if its owner is dead, and moves it into our directory. `None` for a
@@ -129,19 +118,19 @@ fn claim_one(
     ours: &ProcDir,
 ) -> io::Result<Option<PathBuf>> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let fd = match dir::open_dir_at(root_fd.as_raw_fd(), &cname) {
+    let fd = match dir::open_dir_at(root_fd.as_fd(), &cname) {
         Ok(fd) => fd,
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::ENOTDIR) | Some(libc::ELOOP) | Some(libc::ENOENT)
+                Some(errno::ENOTDIR) | Some(errno::ELOOP) | Some(errno::ENOENT)
             ) =>
         {
             return Ok(None);
         }
         Err(e) => return Err(e),
     };
-    if !dir::try_lock(fd.as_raw_fd())? {
+    if !dir::try_lock(fd.as_fd())? {
         return Ok(None); // alive
     }
     let to = format!(
@@ -151,7 +140,7 @@ fn claim_one(
     );
     let cto = CString::new(to.clone()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // Still holding the dead engine's lock, so no other sweeper moves it at the same time.
-    dir::rename_at(root_fd.as_raw_fd(), &cname, ours.fd.raw(), &cto)?;
+    dir::rename_at(root_fd.as_fd(), &cname, ours.fd.as_fd(), &cto)?;
     drop(fd);
     Ok(Some(ours.path.join(to)))
 }

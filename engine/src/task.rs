@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -158,11 +159,11 @@ impl TaskShared {
             name: self.id.clone(),
             reason: "makes a task directory name too long",
         })?;
-        dir::mkdir_at(proc_dir.fd.raw(), &cname).map_err(|e| io_err("create directory", e))?;
-        let fd = match dir::open_dir_at(proc_dir.fd.raw(), &cname) {
+        dir::mkdir_at(proc_dir.fd.as_fd(), &cname).map_err(|e| io_err("create directory", e))?;
+        let fd = match dir::open_dir_at(proc_dir.fd.as_fd(), &cname) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = dir::unlink_at(proc_dir.fd.raw(), &cname, true);
+                let _ = dir::unlink_at(proc_dir.fd.as_fd(), &cname, true);
                 return Err(io_err("open directory", e));
             }
         };

@@ -14,6 +14,7 @@
 
 use std::future::poll_fn;
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -744,7 +745,8 @@ impl SpillWriter {
                         // The create happened, but its outcome reads as an error: whether a
                         // file exists is unknown to us. Keep the ticket and let the cleanup
                         // worker settle the name (deleted, or found absent).
-                        if let Ok(fd) = dir::create_file_at(dir.raw(), name.as_cstr(), self.direct)
+                        if let Ok(fd) =
+                            dir::create_file_at(dir.as_fd(), name.as_cstr(), self.direct)
                         {
                             drop(fd);
                         }
@@ -753,7 +755,7 @@ impl SpillWriter {
                         let e = io::Error::from_raw_os_error(e);
                         return Err(SpillError::io("create", dir.path.join(name.as_str()), e));
                     }
-                    _ => dir::create_file_at(dir.raw(), name.as_cstr(), self.direct),
+                    _ => dir::create_file_at(dir.as_fd(), name.as_cstr(), self.direct),
                 };
             let fd = match created {
                 Ok(fd) => fd,
@@ -774,9 +776,9 @@ impl SpillWriter {
             // writes inside the file size run in parallel under a shared inode lock, where
             // extending writes serialise. `preallocate` does the same without growing the file.
             let prealloc = if self.direct {
-                dir::allocate(dir::raw(&fd), reserve)
+                dir::allocate(fd.as_fd(), reserve)
             } else if core.cfg.preallocate {
-                dir::preallocate(dir::raw(&fd), reserve)
+                dir::preallocate(fd.as_fd(), reserve)
             } else {
                 Ok(false)
             };
@@ -919,8 +921,8 @@ impl SpillWriter {
             // punching a hole past the end is a no-op on ext4).
             let keep = if self.direct { trimmed_len(len) } else { len };
             let name = SegmentFileName::new(seg);
-            let r = dir::open_write_at(dir.raw(), name.as_cstr())
-                .and_then(|fd| dir::truncate(dir::raw(&fd), keep.min(allocated)));
+            let r = dir::open_write_at(dir.as_fd(), name.as_cstr())
+                .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
             match r {
                 Ok(()) => {
                     let mut f = self.shared.files.lock();

@@ -2,6 +2,7 @@
 //! thread of the engine's, so callers keep write-behind semantics without io_uring.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -75,20 +76,13 @@ pub(crate) fn perform(op: &Op, fault: &Option<Arc<FaultPlan>>) -> io::Result<usi
 pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
     match kind {
         OpKind::Write { file, offset, data } => match data {
-            WriteData::Staged(buf) => pwrite_all(file.raw(), buf.filled(), &[], *offset),
-            WriteData::Framed { frame, payload } => pwrite_all(file.raw(), frame, payload, *offset),
+            WriteData::Staged(buf) => pwrite_all(file.as_fd(), buf.filled(), &[], *offset),
+            WriteData::Framed { frame, payload } => {
+                pwrite_all(file.as_fd(), frame, payload, *offset)
+            }
         },
         OpKind::Unlink {
             dir, name, rmdir, ..
-        } => {
-            let flags = if *rmdir { libc::AT_REMOVEDIR } else { 0 };
-            // SAFETY: `name` is NUL-terminated and lives for the call; `dir` is an open fd.
-            let r = unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), flags) };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(0)
-            }
-        }
+        } => crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), *rmdir).map(|()| 0),
     }
 }

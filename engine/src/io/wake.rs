@@ -16,10 +16,11 @@
 //! Model-checked with loom (`loom_sleep_wake_*` below, see `scripts/loom.sh`).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::Wake;
 use crate::sync::{AtomicBool, Ordering, seq_cst_store_load};
+use crate::sys::event;
 
 /// The ring thread's "I am going to sleep" flag. See the module docs.
 #[derive(Debug, Default)]
@@ -68,15 +69,8 @@ pub(crate) struct EventWake {
 impl EventWake {
     /// A non-blocking eventfd and a clear flag.
     pub(super) fn new() -> io::Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a freshly created fd that nothing else owns.
-        let efd = unsafe { OwnedFd::from_raw_fd(raw) };
         Ok(EventWake {
-            efd,
+            efd: event::eventfd_nonblocking()?,
             sleeping: SleepFlag::default(),
         })
     }
@@ -85,16 +79,8 @@ impl EventWake {
 impl Wake for EventWake {
     fn wake(&self) {
         if self.sleeping.take_sleeper() {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
-            // (EAGAIN) means a wake is already pending, which is all we need.
-            unsafe {
-                libc::write(
-                    self.efd.as_raw_fd(),
-                    (&one as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                );
-            }
+            // A full counter (EAGAIN) means a wake is already pending, which is all we need.
+            let _ = event::eventfd_signal(self.efd.as_fd());
         }
     }
 }

@@ -1,0 +1,197 @@
+//! Filesystem syscalls: opening, creating, removing and renaming names relative to a
+//! directory fd, advisory locks, allocation, truncation, and inode identity.
+
+use std::ffi::{CStr, OsString};
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, RenameFlags};
+use rustix::io::Errno;
+
+pub(crate) use rustix::fs::{CWD, Mode, OFlags};
+
+/// `openat(dir, name, flags | O_CLOEXEC, mode)`, retried while it fails with `EINTR`.
+pub(crate) fn openat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: OFlags,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
+    loop {
+        match rustix::fs::openat(dir, name, flags | OFlags::CLOEXEC, mode) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `mkdirat(dir, name, mode)`.
+pub(crate) fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, name, mode)?)
+}
+
+/// `unlinkat(dir, name, rmdir ? AT_REMOVEDIR : 0)`.
+pub(crate) fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, rmdir: bool) -> io::Result<()> {
+    let flags = if rmdir {
+        AtFlags::REMOVEDIR
+    } else {
+        AtFlags::empty()
+    };
+    Ok(rustix::fs::unlinkat(dir, name, flags)?)
+}
+
+/// `renameat2(from_dir, from, to_dir, to, RENAME_NOREPLACE)`: fails with `EEXIST` rather than
+/// replace an existing name.
+pub(crate) fn renameat_noreplace(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    Ok(rustix::fs::renameat_with(
+        from_dir,
+        from,
+        to_dir,
+        to,
+        RenameFlags::NOREPLACE,
+    )?)
+}
+
+/// `flock(fd, LOCK_EX | LOCK_NB)`: `Ok(true)` if taken, `Ok(false)` if another open file
+/// description holds it (`EWOULDBLOCK`).
+pub(crate) fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `fallocate(fd, keep_size ? FALLOC_FL_KEEP_SIZE : 0, 0, len)`, retried while it fails with
+/// `EINTR`. `Ok(false)` if the filesystem cannot (`EOPNOTSUPP`).
+pub(crate) fn fallocate(fd: BorrowedFd<'_>, keep_size: bool, len: u64) -> io::Result<bool> {
+    let mode = if keep_size {
+        FallocateFlags::KEEP_SIZE
+    } else {
+        FallocateFlags::empty()
+    };
+    loop {
+        match rustix::fs::fallocate(fd, mode, 0, len) {
+            Ok(()) => return Ok(true),
+            Err(Errno::INTR) => continue,
+            Err(Errno::OPNOTSUPP) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `ftruncate(fd, len)`.
+pub(crate) fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    Ok(rustix::fs::ftruncate(fd, len)?)
+}
+
+/// Whether `fd` and `path` (followed if a symlink, as `stat` does) are the same inode: the
+/// same device and inode numbers, from `fstat(fd)` and `stat(path)`.
+pub(crate) fn same_inode(fd: BorrowedFd<'_>, path: &Path) -> io::Result<bool> {
+    let a = std::fs::metadata(path)?;
+    let st = rustix::fs::fstat(fd)?;
+    Ok(a.dev() == st.st_dev as u64 && a.ino() == st.st_ino as u64)
+}
+
+/// The names in a directory, without "." and "..".
+pub(crate) fn list_dir(path: &Path) -> io::Result<Vec<OsString>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(path)? {
+        out.push(e?.file_name());
+    }
+    Ok(out)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn tmp() -> (tempfile::TempDir, OwnedFd) {
+        let t = tempfile::tempdir().unwrap();
+        let c = std::ffi::CString::new(t.path().as_os_str().as_encoded_bytes()).unwrap();
+        let fd = openat(CWD, &c, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        (t, fd)
+    }
+
+    #[test]
+    fn errors_keep_their_errno() {
+        let (t, d) = tmp();
+        let d = d.as_fd();
+        let e = openat(d, c"missing", OFlags::RDONLY, Mode::empty()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        mkdirat(d, c"sub", Mode::from_raw_mode(0o700)).unwrap();
+        let e = mkdirat(d, c"sub", Mode::from_raw_mode(0o700)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        let e = unlinkat(d, c"sub", false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        drop(
+            openat(
+                d,
+                c"f",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap(),
+        );
+        let e = renameat_noreplace(d, c"f", d, c"sub").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        let e = openat(
+            d,
+            c"f",
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            Mode::empty(),
+        )
+        .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        unlinkat(d, c"sub", true).unwrap();
+        renameat_noreplace(d, c"f", d, c"g").unwrap();
+        let mut names = list_dir(t.path()).unwrap();
+        names.sort();
+        assert_eq!(names, vec![OsString::from("g")]);
+    }
+
+    #[test]
+    fn flock_is_exclusive_between_open_file_descriptions() {
+        let (t, d) = tmp();
+        let c = std::ffi::CString::new(t.path().as_os_str().as_encoded_bytes()).unwrap();
+        let d2 = openat(CWD, &c, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert!(try_lock_exclusive(d.as_fd()).unwrap());
+        assert!(!try_lock_exclusive(d2.as_fd()).unwrap());
+        assert!(same_inode(d2.as_fd(), t.path()).unwrap());
+        assert!(!same_inode(d2.as_fd(), Path::new("/")).unwrap());
+        drop(d);
+        assert!(try_lock_exclusive(d2.as_fd()).unwrap());
+    }
+
+    #[test]
+    fn allocate_and_truncate_set_the_size() {
+        let (_t, d) = tmp();
+        let fd = openat(
+            d.as_fd(),
+            c"f",
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        let f = std::fs::File::from(fd);
+        if fallocate(f.as_fd(), true, 8192).unwrap() {
+            assert_eq!(f.metadata().unwrap().len(), 0, "KEEP_SIZE grew the file");
+        }
+        if fallocate(f.as_fd(), false, 8192).unwrap() {
+            assert_eq!(f.metadata().unwrap().len(), 8192);
+        }
+        ftruncate(f.as_fd(), 100).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 100);
+    }
+}
