@@ -29,7 +29,9 @@ use crate::task::Member;
 #[derive(Debug)]
 pub(super) struct AbortableFiles<T> {
     list: sync::Mutex<FileList<T>>,
-    /// Mirrors `FileList::aborted` (set under the lock) for checks that need no lock.
+    /// The hook ran. Set under the lock and never cleared, so it also serves checks that need
+    /// no lock. `FileList::state` says who holds the files; this flag says whether the hook
+    /// ever ran, which a hook running after a release (leaving the list `Released`) sets too.
     aborted: sync::AtomicBool,
 }
 
@@ -37,10 +39,19 @@ pub(super) struct AbortableFiles<T> {
 #[derive(Debug)]
 pub(super) struct FileList<T> {
     pub(super) entries: Vec<T>,
+    state: Files,
+}
+
+/// Where the file list is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Files {
+    /// The writer records files; nobody took them yet.
+    Open,
     /// The hook ran: everything in `entries` was taken and deleted by it.
-    aborted: bool,
-    /// The files went to a `SpilledState` or were deleted by the writer itself.
-    released: bool,
+    Aborted,
+    /// The files went to a `SpilledState` or were deleted by the writer itself. A hook that
+    /// runs later finds nothing to take, and the list stays `Released`.
+    Released,
 }
 
 impl<T> AbortableFiles<T> {
@@ -48,8 +59,7 @@ impl<T> AbortableFiles<T> {
         AbortableFiles {
             list: sync::Mutex::new(FileList {
                 entries: Vec::new(),
-                aborted: false,
-                released: false,
+                state: Files::Open,
             }),
             aborted: sync::AtomicBool::new(false),
         }
@@ -69,11 +79,18 @@ impl<T> AbortableFiles<T> {
     /// gives it back (`Err`) if the hook already ran: then the caller deletes it.
     pub(super) fn record(&self, t: T) -> std::result::Result<usize, T> {
         let mut l = self.list.lock();
-        if l.aborted && !cfg!(feature = "broken-skip-abort-check") {
+        if self.hook_ran(&l) && !cfg!(feature = "broken-skip-abort-check") {
             return Err(t);
         }
         l.entries.push(t);
         Ok(l.entries.len() - 1)
+    }
+
+    /// Whether the hook ran: `Aborted`, or `Released` before the hook came (which then only
+    /// set the flag). Takes the locked list (`_held`) because the hook sets the flag under that
+    /// lock: read there, it decides.
+    fn hook_ran(&self, _held: &FileList<T>) -> bool {
+        self.is_aborted()
     }
 
     /// The abort hook: sets the flag and takes the files to delete, under one lock; `None`
@@ -82,21 +99,23 @@ impl<T> AbortableFiles<T> {
         let mut l = self.list.lock();
         // Set the flag first, under the lock the writer checks after each creation.
         self.aborted.store(true, sync::Ordering::Release);
-        l.aborted = true;
-        if l.released {
-            return None;
+        match l.state {
+            Files::Released => None,
+            Files::Open | Files::Aborted => {
+                l.state = Files::Aborted;
+                Some(std::mem::take(&mut l.entries))
+            }
         }
-        Some(std::mem::take(&mut l.entries))
     }
 
     /// `finish`: takes the files to hand them to a state; `None` if the hook ran (it deletes
     /// them).
     pub(super) fn take_for_hand_off(&self) -> Option<Vec<T>> {
         let mut l = self.list.lock();
-        if l.aborted {
+        if self.hook_ran(&l) {
             return None;
         }
-        l.released = true;
+        l.state = Files::Released;
         Some(std::mem::take(&mut l.entries))
     }
 
@@ -104,11 +123,13 @@ impl<T> AbortableFiles<T> {
     /// they were already released.
     pub(super) fn take_own(&self) -> Option<Vec<T>> {
         let mut l = self.list.lock();
-        if l.aborted || l.released {
-            return None;
+        match l.state {
+            Files::Aborted | Files::Released => None,
+            Files::Open => {
+                l.state = Files::Released;
+                Some(std::mem::take(&mut l.entries))
+            }
         }
-        l.released = true;
-        Some(std::mem::take(&mut l.entries))
     }
 }
 
