@@ -1,0 +1,352 @@
+//! Rotation: opening the next segment (a root and its task directory, a ticket, the file, its
+//! allocation, and the abort check that records it), deleting a file nobody else knows of, and
+//! trimming allocations at `finish`.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use super::SpillWriter;
+use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
+use crate::config::DIRECT_ALIGN;
+use crate::dir::{self, DirNext, TaskDir};
+use crate::error::{Result, SpillError};
+use crate::fault::{self, FaultPoint, Injected};
+use crate::io::FileHandle;
+use crate::ledger::Ticket;
+use crate::metrics::Counters;
+use crate::segment::{self, HEADER_LEN, SegmentFileName};
+
+/// The segment being written.
+pub(super) struct OpenSegment {
+    pub(super) entry_index: usize,
+    /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
+    pub(super) allocated: u64,
+    /// Bytes of quota the segment's ticket holds.
+    pub(super) reserved: u64,
+    pub(super) file: Arc<FileHandle>,
+    /// Bytes appended so far (header included): the next record's offset.
+    pub(super) logical: u64,
+    /// File offset of the staging buffer's first byte.
+    pub(super) staged_at: u64,
+}
+
+/// A failed attempt to create a segment on one root.
+struct Failed {
+    err: SpillError,
+    /// The attempt marked its root failed: the next healthy root gets a try.
+    next_root: bool,
+}
+
+impl From<SpillError> for Failed {
+    fn from(err: SpillError) -> Self {
+        Failed {
+            err,
+            next_root: false,
+        }
+    }
+}
+
+/// A segment number reserved in a task directory (whose count of files coming includes it),
+/// with its ticket: what a file creation needs.
+struct Reserved {
+    root: usize,
+    dir: Arc<TaskDir>,
+    seg: u32,
+    ticket: Ticket,
+}
+
+/// A segment file created and allocated, not yet recorded in the file list.
+struct Created {
+    r: Reserved,
+    fd: OwnedFd,
+    /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
+    allocated: u64,
+}
+
+impl SpillWriter {
+    /// Creates the next segment: ticket first, then the file, then the abort check under the
+    /// file-list lock (DESIGN invariant 2). Tries the next healthy root when a root's create
+    /// fails with a device error.
+    pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
+        let reserve = self.segment_reserve(need);
+        let attempts = self.core.cfg.roots.len();
+        let mut attempt = 0;
+        let made = loop {
+            attempt += 1;
+            match self.create_segment(reserve) {
+                Ok(made) => break made,
+                Err(f) if f.next_root && attempt < attempts => continue,
+                Err(f) => return Err(f.err),
+            }
+        };
+        let (seg, allocated) = (made.r.seg, made.allocated);
+        let (entry_index, fd) = self.record_segment(made)?;
+        self.start_segment(fd, seg, entry_index, allocated, reserve)
+    }
+
+    /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
+    /// passes the segment size; whole blocks in direct mode.
+    fn segment_reserve(&self, need: u64) -> u64 {
+        let mut reserve = (HEADER_LEN as u64 + need).max(self.segment_size);
+        if self.direct {
+            reserve = reserve.next_multiple_of(DIRECT_ALIGN as u64);
+        }
+        reserve
+    }
+
+    /// One attempt, on the root `Core::pick_root` gives: the directory, the ticket and segment
+    /// number, the file, its allocation.
+    fn create_segment(&self, reserve: u64) -> std::result::Result<Created, Failed> {
+        let (root, dir) = self.segment_dir()?;
+        let r = self.reserve_segment(root, dir, reserve)?;
+        let (r, fd) = self.create_file(r)?;
+        self.allocate(r, fd, reserve)
+    }
+
+    /// Picks a root and this task's directory in it; a device error marks the root failed.
+    fn segment_dir(&self) -> std::result::Result<(usize, Arc<TaskDir>), Failed> {
+        let root = self.core.pick_root();
+        match self.task.dir(root) {
+            Ok(d) => Ok((root, d)),
+            Err(e) => {
+                let skipped = e
+                    .os_error()
+                    .is_some_and(|os| self.core.root_failed(root, os));
+                Err(Failed {
+                    err: e,
+                    next_root: skipped,
+                })
+            }
+        }
+    }
+
+    /// The early abort check, then a ticket for `reserve` bytes, the next segment number, and
+    /// the directory's count of files coming (refused once the scope closed the directory).
+    fn reserve_segment(&self, root: usize, dir: Arc<TaskDir>, reserve: u64) -> Result<Reserved> {
+        if self.shared.files.is_aborted() {
+            return Err(SpillError::Aborted);
+        }
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterReserve,
+        );
+        let ticket = self.core.ledger.reserve(reserve)?;
+        let Some(seg) = dir.next_segment() else {
+            return Err(SpillError::SegmentsExhausted {
+                path: dir.path.clone(),
+            });
+        };
+        if !dir.file_coming() {
+            // The scope closed the directory after our abort check: nothing was created.
+            drop(ticket);
+            return Err(SpillError::Aborted);
+        }
+        Ok(Reserved {
+            root,
+            dir,
+            seg,
+            ticket,
+        })
+    }
+
+    /// Creates the segment file (fault point `writer::create`). A failed create gives back the
+    /// ticket and the directory's file count, and marks the root failed on a device error.
+    fn create_file(&self, r: Reserved) -> std::result::Result<(Reserved, OwnedFd), Failed> {
+        let name = SegmentFileName::new(r.seg);
+        let task_plan = self.task.fault_plan();
+        let created = match fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterCreate,
+        ) {
+            Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+            Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
+            _ => dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct),
+        };
+        match created {
+            Ok(fd) => {
+                Counters::add(&self.core.counters.segments_created, 1);
+                Ok((r, fd))
+            }
+            Err(e) => {
+                let Reserved {
+                    root, dir, ticket, ..
+                } = r;
+                drop(ticket);
+                if dir.file_gone() == DirNext::Remove {
+                    remove_dir(&self.core, &dir.entry);
+                }
+                let skipped = self.core.root_failed(root, &e);
+                Err(Failed {
+                    err: SpillError::io("create", dir.path.join(name.as_str()), e),
+                    next_root: skipped,
+                })
+            }
+        }
+    }
+
+    /// The injected `FailAfter` of `writer::create`.
+    fn create_failed_after(&self, r: Reserved, name: &SegmentFileName, e: i32) -> SpillError {
+        // The create happened, but its outcome reads as an error: whether a file exists is
+        // unknown to us. Keep the ticket and let the cleanup worker settle the name (deleted,
+        // or found absent).
+        if let Ok(fd) = dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct) {
+            drop(fd);
+        }
+        Counters::add(&self.core.counters.segments_created, 1);
+        self.core
+            .cleanup
+            .retain_file(&r.dir, r.seg, r.ticket.retain());
+        let e = io::Error::from_raw_os_error(e);
+        SpillError::io("create", r.dir.path.join(name.as_str()), e)
+    }
+
+    /// Allocates the new file up front where the mode asks for it. A failure deletes the file
+    /// and marks the root failed on a device error.
+    fn allocate(
+        &self,
+        r: Reserved,
+        fd: OwnedFd,
+        reserve: u64,
+    ) -> std::result::Result<Created, Failed> {
+        // Direct mode allocates the whole segment up front (file size included): O_DIRECT
+        // writes inside the file size run in parallel under a shared inode lock, where
+        // extending writes serialise. `preallocate` does the same without growing the file.
+        let prealloc = if self.direct {
+            dir::allocate(fd.as_fd(), reserve)
+        } else if self.core.cfg.preallocate {
+            dir::preallocate(fd.as_fd(), reserve)
+        } else {
+            Ok(false)
+        };
+        let allocated = if matches!(prealloc, Ok(true)) {
+            reserve
+        } else {
+            0
+        };
+        if let Err(e) = prealloc {
+            drop(fd);
+            self.delete_now(&r.dir, r.seg, r.ticket, false);
+            let next_root = self.core.root_failed(r.root, &e);
+            let name = SegmentFileName::new(r.seg);
+            return Err(Failed {
+                err: SpillError::io("preallocate", r.dir.path.join(name.as_str()), e),
+                next_root,
+            });
+        }
+        Ok(Created { r, fd, allocated })
+    }
+
+    /// Records the new file under the abort check (DESIGN invariant 2) and returns its index in
+    /// the file list and its descriptor. If the hook ran meanwhile, deletes it: `Aborted`.
+    fn record_segment(&self, made: Created) -> Result<(usize, OwnedFd)> {
+        let Created { r, fd, .. } = made;
+        // The write-after-delete window: a scope closed right here must not leave this file.
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterAfterCreate,
+        );
+        match self
+            .shared
+            .files
+            .record(SegmentEntry::new(r.dir.clone(), r.seg, r.ticket))
+        {
+            Ok(i) => Ok((i, fd)),
+            Err(entry) => {
+                drop(fd);
+                Counters::add(&self.core.counters.late_files_deleted, 1);
+                delete_segments(&self.core, self.lane, vec![entry]);
+                Err(SpillError::Aborted)
+            }
+        }
+    }
+
+    /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
+    /// its header.
+    fn start_segment(
+        &mut self,
+        fd: OwnedFd,
+        seg: u32,
+        entry_index: usize,
+        allocated: u64,
+        reserve: u64,
+    ) -> Result<()> {
+        let file = FileHandle::new(fd, self.core.reaper.clone());
+        let mut buf = self
+            .core
+            .pool
+            .get()
+            .map_err(|e| SpillError::io("allocate buffer", "", e))?;
+        buf.push(&segment::encode_header(seg, self.core.id));
+        self.staging = Some(buf);
+        self.seg = Some(OpenSegment {
+            entry_index,
+            allocated,
+            reserved: reserve,
+            file,
+            logical: HEADER_LEN as u64,
+            staged_at: 0,
+        });
+        Ok(())
+    }
+
+    /// Deletes a file this writer just created and nobody else knows of. Queued like every
+    /// other delete (a direct-mode segment is already allocated, and freeing its blocks can
+    /// take milliseconds): never on the caller's thread.
+    fn delete_now(&self, dir: &Arc<TaskDir>, seg: u32, ticket: Ticket, late: bool) {
+        if late {
+            Counters::add(&self.core.counters.late_files_deleted, 1);
+        }
+        let entry = SegmentEntry::new(dir.clone(), seg, ticket);
+        delete_segments(&self.core, self.lane, vec![entry]);
+    }
+
+    /// Gives back the unused tails of segments allocated up front (direct mode, `preallocate`),
+    /// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
+    /// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
+    /// trim fails keeps its whole ticket: the quota still counts what is allocated.
+    pub(super) fn trim_allocations(&mut self) {
+        for i in 0.. {
+            let target = {
+                let f = self.shared.files.lock();
+                let Some(e) = f.entries.get(i) else { break };
+                (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated))
+            };
+            let Some((dir, seg, len, allocated)) = target else {
+                continue;
+            };
+            // Direct mode padded the last write to whole blocks; a buffered file is exactly
+            // `len` long. Truncating to the size it has frees the blocks allocated past it
+            // (ext4 and tmpfs truncate preallocated blocks even when the size does not change;
+            // punching a hole past the end is a no-op on ext4).
+            let keep = if self.direct { trimmed_len(len) } else { len };
+            let name = SegmentFileName::new(seg);
+            let r = dir::open_write_at(dir.as_fd(), name.as_cstr())
+                .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
+            match r {
+                Ok(()) => {
+                    let mut f = self.shared.files.lock();
+                    if let Some(e) = f.entries.get_mut(i) {
+                        e.allocated = 0;
+                        e.shrink_to(len);
+                    }
+                }
+                // Only disk space is at stake: the reader uses the written length.
+                Err(e) => {
+                    tracing::debug!(error = %e, "trimming a segment failed; keeping its ticket")
+                }
+            }
+        }
+    }
+}
+
+/// What a segment of `len` written bytes keeps on disk after its trim: whole 4 KiB blocks
+/// (direct mode pads its last write to them).
+pub(super) fn trimmed_len(len: u64) -> u64 {
+    len.next_multiple_of(DIRECT_ALIGN as u64)
+}

@@ -1,0 +1,134 @@
+//! Records filled in place: [`RecordSlot`] and [`SpillWriter::record`].
+
+use super::{SpillWriter, Wait, blocking, check_len};
+use crate::error::{Result, SpillError};
+use crate::segment::{self, FRAME_LEN};
+
+/// A record filled in place, in the writer's staging buffer: the bytes the caller writes here
+/// are the bytes that go to disk, with no copy. Made by [`SpillWriter::record`]; `commit`
+/// frames and queues it; dropping it without `commit` writes nothing.
+///
+/// The slot's initial contents are unspecified (a reused buffer): fill all of it.
+pub struct RecordSlot<'a> {
+    w: &'a mut SpillWriter,
+    kind: SlotKind,
+}
+
+enum SlotKind {
+    /// Payload at `at + FRAME_LEN` in the staging buffer, `len` bytes.
+    InPlace { at: usize, len: usize },
+    /// Too big for a staging buffer (or no aligned room in direct mode): an owned buffer,
+    /// written like `write` on commit.
+    Owned(bytes::BytesMut),
+}
+
+impl std::fmt::Debug for RecordSlot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordSlot")
+            .field("len", &self.len())
+            .field("in_place", &matches!(self.kind, SlotKind::InPlace { .. }))
+            .finish()
+    }
+}
+
+impl RecordSlot<'_> {
+    /// True when the slot is in the staging buffer (the write will make no copy).
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.kind, SlotKind::InPlace { .. })
+    }
+
+    /// Frames the record (length and CRC-32C of what the slot holds now) and queues it.
+    pub fn commit(self) -> Result<()> {
+        let RecordSlot { w, kind } = self;
+        match kind {
+            SlotKind::Owned(b) => w.write(b.freeze()),
+            SlotKind::InPlace { at, len } => {
+                if w.shared.files.is_aborted() {
+                    return Err(w.observe_abort());
+                }
+                let Some(buf) = w.staging.as_mut() else {
+                    return Err(w.fail(SpillError::WriterFailed));
+                };
+                let space = buf.space();
+                let frame = segment::frame_header(&space[at + FRAME_LEN..at + FRAME_LEN + len]);
+                space[at..at + FRAME_LEN].copy_from_slice(&frame);
+                buf.len = at + FRAME_LEN + len;
+                if let Some(s) = w.seg.as_mut() {
+                    s.logical += segment::framed_len(len);
+                }
+                w.count_record(len);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for RecordSlot<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.kind {
+            SlotKind::Owned(b) => b,
+            SlotKind::InPlace { at, len } => match self.w.staging.as_ref() {
+                Some(buf) => &buf.filled_to(at + FRAME_LEN + len)[at + FRAME_LEN..],
+                None => &[],
+            },
+        }
+    }
+}
+
+impl std::ops::DerefMut for RecordSlot<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.kind {
+            SlotKind::Owned(b) => b,
+            SlotKind::InPlace { at, len } => match self.w.staging.as_mut() {
+                Some(buf) => &mut buf.space()[*at + FRAME_LEN..*at + FRAME_LEN + *len],
+                None => &mut [],
+            },
+        }
+    }
+}
+
+impl SpillWriter {
+    fn owned_slot(&mut self, len: usize) -> RecordSlot<'_> {
+        RecordSlot {
+            w: self,
+            kind: SlotKind::Owned(bytes::BytesMut::zeroed(len)),
+        }
+    }
+
+    /// A slot of `len` bytes for the caller to fill in place (serialise a row batch straight
+    /// into the engine's buffer), then [`RecordSlot::commit`]. Records that fit a staging
+    /// buffer are written with no copy at all; larger ones (and, in direct mode, one that
+    /// does not fit the aligned buffer's remaining room) get an owned buffer instead. Blocks,
+    /// like `write`, only while the in-flight budget is full.
+    pub fn record(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+        self.check_open()?;
+        check_len(len)?;
+        let need = FRAME_LEN + len;
+        let cap = self.core.pool.buffer_capacity();
+        if need > cap {
+            return Ok(self.owned_slot(len));
+        }
+        let r = blocking(self.plan(need as u64, &mut Wait::Block));
+        self.settle(r)?;
+        if self.staging.as_ref().is_some_and(|b| b.remaining() < need) {
+            if self.direct {
+                // Direct writes stay aligned: only a full buffer is written mid-segment.
+                return Ok(self.owned_slot(len));
+            }
+            let r = blocking(self.flush_staging(&mut Wait::Block, false));
+            self.settle(r)?;
+        }
+        if self.staging.is_none() {
+            match self.core.pool.get() {
+                Ok(b) => self.staging = Some(b),
+                Err(e) => return Err(self.fail(SpillError::io("allocate buffer", "", e))),
+            }
+        }
+        let at = self.staging.as_ref().map_or(0, |b| b.len);
+        Ok(RecordSlot {
+            w: self,
+            kind: SlotKind::InPlace { at, len },
+        })
+    }
+}
