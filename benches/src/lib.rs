@@ -3,11 +3,12 @@
 //! - [`mode`]: how the binary was asked to run (quick mode, test mode, a profile loop);
 //! - [`dirs`]: where results and spill files go;
 //! - [`payload`]: aligned payloads the engine and the baselines share without copying;
-//! - [`measure`]: CPU time from `getrusage`;
+//! - [`measure`]: CPU time from `getrusage` and what one write run measured;
 //! - [`samples`]: the criterion configuration and a recorder for the samples it takes;
 //! - [`heap`]: a dhat allocator that is only switched on around the measured region;
 //! - [`wait`]: waiting for the engine's deletes and other conditions;
-//! - [`report`]: the JSON every bench writes.
+//! - [`report`]: the JSON every bench writes;
+//! - [`baseline`]: the `std::fs` and tokio-uring baselines the engine is compared with.
 //!
 //! Every bench measures the engine through its public API (the same paths an embedding
 //! executor uses) and a baseline in the same process, and writes its figures as JSON to
@@ -16,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod baseline;
 pub mod dirs;
 pub mod heap;
 pub mod measure;
@@ -27,7 +29,7 @@ pub mod wait;
 
 pub use dirs::{out_dir, scratch, scratch_meta};
 pub use heap::{GatedDhat, HeapProfile};
-pub use measure::{cpu_time, process_cpu, thread_cpu};
+pub use measure::{Run, cpu_time, process_cpu, thread_cpu};
 pub use mode::{profile_request, quick, test_mode};
 pub use payload::{AlignedBuf, payloads};
 pub use report::{engine_info, write_json, write_results};
