@@ -57,7 +57,11 @@ impl Samples {
 }
 
 /// A criterion configured for this machine kind (2 noisy cores): short warm-ups and
-/// measurements, fewer in quick mode, CLI arguments (filters, `--bench`) honoured.
+/// measurements, fewer in quick mode, CLI arguments (filters, `--bench`, `--noplot`) honoured.
+///
+/// Criterion's HTML report (`<target>/criterion/report/index.html`, plots drawn by its plotters
+/// backend unless gnuplot is installed) is on: criterion draws it after a benchmark's samples
+/// are taken and analysed, so it costs wall time between benchmarks, not measured time.
 pub fn criterion(sample_size: usize, measure: Duration) -> criterion::Criterion {
     let (warm, measure) = if quick() {
         (
@@ -71,7 +75,6 @@ pub fn criterion(sample_size: usize, measure: Duration) -> criterion::Criterion 
         .sample_size(sample_size)
         .warm_up_time(warm)
         .measurement_time(measure)
-        .without_plots()
         .configure_from_args()
 }
 
