@@ -14,6 +14,7 @@
 #   --out DIR     output directory (default: results/ for a full run)
 # Env: CARGO_TARGET_DIR (default target/), SPILLRING_BENCH_ROOT (where spill files go; default
 #      the system temp directory; must support O_DIRECT for the direct-mode runs).
+# Needs python3 with matplotlib (the plots); installs it from PyPI with pip when it is missing.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,10 +32,21 @@ while [[ $# -gt 0 ]]; do
         --out) out=$2; shift 2 ;;
         --no-fio) fio=0; shift ;;
         --no-profile) profile=0; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "bench-report.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+
+# The plots are drawn with matplotlib. Install it before the benches run, so a missing one
+# fails in seconds rather than after the whole bench run.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+    echo "bench-report: matplotlib is missing; python3 -m pip install --quiet matplotlib" >&2
+    if ! python3 -m pip install --quiet matplotlib || ! python3 -c 'import matplotlib'; then
+        echo "bench-report: could not install matplotlib for $(command -v python3)" \
+            "(needs pip and PyPI; on a Debian system python3: apt-get install python3-matplotlib)" >&2
+        exit 1
+    fi
+fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
 if [[ -z "$out" ]]; then

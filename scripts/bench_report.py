@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns the benches' raw JSON into results/: JSON files with provenance, REPORT.md and SVG plots.
 
-Called by scripts/bench-report.sh (use that). Standard library only. For every missed goal it
+Called by scripts/bench-report.sh (use that, it installs matplotlib when missing). Standard
+library plus matplotlib, which draws the plots (SVG, Agg backend). For every missed goal it
 records a CPU profile of the engine path in question (`perf record -e cpu-clock`) and puts a
 summary in REPORT.md, next to dhat's allocation sites where allocations are the goal.
 """
@@ -172,10 +173,34 @@ def profile(exes, bench, what, secs, raw, extra_env=None):
 
 
 # --------------------------------------------------------------------------------------------
-# SVG
+# plots (matplotlib, Agg backend, written as SVG)
 
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+GOAL_COLOR = "#d62728"
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend, with reproducible SVG output."""
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("bench_report: matplotlib is missing; scripts/bench-report.sh installs it "
+                 "(python3 -m pip install --quiet matplotlib)")
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({
+        "font.family": "sans-serif",
+        "font.size": 9,
+        "svg.fonttype": "none",      # text stays text, as in the hand-written plots before
+        "svg.hashsalt": "spillring",  # stable element ids: reruns of the same data diff cleanly
+    })
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_svg(plt, fig, path):
+    fig.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(fig)
 
 
 def lab(v):
@@ -184,98 +209,59 @@ def lab(v):
 
 def svg_bars(path, title, groups, series, values, ylabel, log=False, goal=None):
     """Grouped bars: values[g][s]; optional horizontal goal line (value, label)."""
-    import math
-    w, h, left, right, top, bottom = 860, 420, 70, 20, 50, 90
-    pw, ph = w - left - right, h - top - bottom
-    vals = [v for row in values for v in row if v is not None and v > 0]
-    vmax = max(vals + ([goal[0]] if goal else [])) if vals else 1.0
-    if log:
-        vmin = min(vals + ([goal[0]] if goal else [])) if vals else 0.1
-        lo, hi = math.floor(math.log10(vmin)), math.ceil(math.log10(vmax * 1.05))
-        if hi == lo:
-            hi += 1
-        ymap = lambda v: top + ph - (math.log10(max(v, 10 ** lo)) - lo) / (hi - lo) * ph
-        ticks = [10 ** e for e in range(lo, hi + 1)]
-    else:
-        step = 10 ** math.floor(math.log10(vmax)) if vmax > 0 else 1
-        for m in (1, 2, 5, 10):
-            if vmax / (step * m) <= 6:
-                step *= m
-                break
-        ymax = step * math.ceil(vmax * 1.08 / step)
-        ymap = lambda v: top + ph - v / ymax * ph
-        ticks = [step * i for i in range(int(ymax / step) + 1)]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="15">{html.escape(title)}</text>']
-    for t in ticks:
-        y = ymap(t)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{w - right}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{t:g}</text>')
-    out.append(f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" text-anchor="middle">{html.escape(ylabel)}</text>')
-    gw = pw / max(1, len(groups))
-    bw = gw * 0.8 / max(1, len(series))
-    for gi, g in enumerate(groups):
-        x0 = left + gi * gw + gw * 0.1
-        for si in range(len(series)):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.6, 4.2))
+    n = max(1, len(series))
+    width = 0.8 / n
+    for si, name in enumerate(series):
+        xs, hs = [], []
+        for gi in range(len(groups)):
             v = values[gi][si]
-            if v is None:
-                continue
-            y = ymap(v)
-            x = x0 + si * bw
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{top + ph - y:.1f}" fill="{COLORS[si % len(COLORS)]}"><title>{html.escape(series[si])}: {v:.4g}</title></rect>')
-            out.append(f'<text x="{x + bw / 2 - 1:.1f}" y="{y - 3:.1f}" text-anchor="middle" font-size="9">{lab(v)}</text>')
-        out.append(f'<text x="{left + gi * gw + gw / 2:.1f}" y="{top + ph + 16}" text-anchor="middle">{html.escape(g)}</text>')
+            if v is not None and (v > 0 or not log):
+                xs.append(gi - 0.4 + width * (si + 0.5))
+                hs.append(v)
+        bars = ax.bar(xs, hs, width * 0.95, color=COLORS[si % len(COLORS)], label=name)
+        ax.bar_label(bars, labels=[lab(v) for v in hs], fontsize=7, padding=1)
+    if log:
+        ax.set_yscale("log")
     if goal:
-        y = ymap(goal[0])
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{w - right}" y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4"/>')
-        out.append(f'<text x="{w - right - 4}" y="{y - 4:.1f}" text-anchor="end" fill="#d62728">{html.escape(goal[1])}</text>')
-    lx = left
-    for si, s in enumerate(series):
-        out.append(f'<rect x="{lx}" y="{h - 30}" width="12" height="12" fill="{COLORS[si % len(COLORS)]}"/>')
-        out.append(f'<text x="{lx + 16}" y="{h - 20}">{html.escape(s)}</text>')
-        lx += 30 + 8 * len(s)
-    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{w - right}" y2="{top + ph}" stroke="#333"/>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
+        ax.axhline(goal[0], color=GOAL_COLOR, linestyle="--", linewidth=1)
+        ax.annotate(goal[1], xy=(1, goal[0]), xycoords=("axes fraction", "data"), xytext=(-4, 4),
+                    textcoords="offset points", ha="right", va="bottom", color=GOAL_COLOR)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="y", color="#ddd", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.margins(y=0.08)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(series), frameon=False)
+    fig.tight_layout()
+    save_svg(plt, fig, path)
 
 
 def svg_points(path, title, xs, ys, xlabel, ylabel, goal):
     """Points joined by a line, x on a log2 axis, a dashed goal line."""
-    import math
-    w, h, left, right, top, bottom = 720, 380, 70, 30, 50, 60
-    pw, ph = w - left - right, h - top - bottom
-    lx = [math.log2(x) for x in xs]
-    x0, x1 = min(lx) - 0.5, max(lx) + 0.5
-    ymax = max(ys + [goal[0]]) * 1.25
-    X = lambda v: left + (math.log2(v) - x0) / (x1 - x0) * pw
-    Y = lambda v: top + ph - v / ymax * ph
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="15">{html.escape(title)}</text>']
-    step = 8 if ymax > 40 else 4
-    t = 0
-    while t <= ymax:
-        out.append(f'<line x1="{left}" y1="{Y(t):.1f}" x2="{w - right}" y2="{Y(t):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{Y(t) + 4:.1f}" text-anchor="end">{t}</text>')
-        t += step
-    for x in xs:
-        out.append(f'<text x="{X(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{x:,}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{h - 14}" text-anchor="middle">{html.escape(xlabel)}</text>')
-    out.append(f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" text-anchor="middle">{html.escape(ylabel)}</text>')
-    gy = Y(goal[0])
-    out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{w - right}" y2="{gy:.1f}" stroke="#d62728" stroke-dasharray="6 4"/>')
-    out.append(f'<text x="{left + 6}" y="{gy + 16:.1f}" text-anchor="start" fill="#d62728">{html.escape(goal[1])}</text>')
-    pts = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in zip(xs, ys))
-    out.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.2, 3.8))
+    ax.set_xscale("log", base=2)
+    ax.plot(xs, ys, color=COLORS[0], linewidth=2, marker="o", markersize=5)
     for x, y in zip(xs, ys):
-        out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="4" fill="#1f77b4"><title>{x}: {y:.2f}</title></circle>')
-        out.append(f'<text x="{X(x):.1f}" y="{Y(y) - 9:.1f}" text-anchor="middle">{y:.2f}</text>')
-    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{w - right}" y2="{top + ph}" stroke="#333"/>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
+        ax.annotate(f"{y:.2f}", xy=(x, y), xytext=(0, 7), textcoords="offset points", ha="center")
+    ax.axhline(goal[0], color=GOAL_COLOR, linestyle="--", linewidth=1)
+    ax.annotate(goal[1], xy=(0, goal[0]), xycoords=("axes fraction", "data"), xytext=(6, -14),
+                textcoords="offset points", ha="left", color=GOAL_COLOR)
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.minorticks_off()
+    ax.set_xlim(min(xs) / 2 ** 0.5, max(xs) * 2 ** 0.5)
+    ax.set_ylim(0, max(list(ys) + [goal[0]]) * 1.25)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="y", color="#ddd", linewidth=0.8)
+    ax.set_axisbelow(True)
+    fig.tight_layout()
+    save_svg(plt, fig, path)
 
 
 # --------------------------------------------------------------------------------------------

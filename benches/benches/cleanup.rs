@@ -10,7 +10,7 @@
 //!   sleeping worker and hearing back.
 //! - `batch_1000`: 1,000 real segment files whose records wait in the worker are deleted in one
 //!   batch (the worker's default batch is 1,000), against `std::fs::remove_file` of 1,000 files
-//!   of the same size one by one on the calling thread.
+//!   of the same size one by one on the calling thread (`spillring_benches::baseline::std_fs`).
 
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, SamplingMode};
 use serde_json::json;
 use spillring::{Engine, EngineConfig, FaultAction, FaultPlan, FaultPoint, TaskSpill, Trigger};
+use spillring_benches::baseline::std_fs;
 use spillring_benches::{
     Samples, criterion, profile_request, scratch, scratch_meta, wait_deletes, wait_for,
     write_results,
@@ -157,18 +158,6 @@ impl Drop for PingPong {
     }
 }
 
-/// 1,000 files of a segment's size in a fresh directory.
-fn std_files(dir: &std::path::Path, n: usize, size: usize) -> Vec<std::path::PathBuf> {
-    let data = vec![0x33u8; size];
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("file-{i:06}.bin"));
-            std::fs::write(&p, &data).expect("create a baseline file");
-            p
-        })
-        .collect()
-}
-
 fn main() {
     let drain_rig = Rig::new(scratch_meta("cleanup-drain").expect("create a scratch directory"));
     if let Some((what, dur)) = profile_request() {
@@ -253,11 +242,10 @@ fn main() {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let files = std_files(std_dir.path(), 1000, size);
+                    let files = std_fs::files(std_dir.path(), 1000, size)
+                        .expect("create the baseline files");
                     let t = Instant::now();
-                    for f in &files {
-                        std::fs::remove_file(f).expect("unlink");
-                    }
+                    std_fs::remove_each(&files).expect("unlink the baseline files");
                     total += t.elapsed();
                 }
                 SAMPLES.record("batch_1000/std", iters, total);

@@ -7,7 +7,7 @@
 //! files), and wait until the engine confirms the delete (`pending_deletes() == 0`, which is
 //! also when the ticket is back in the ledger). The baseline is `File::create` + `write_all` +
 //! close + `remove_file` of the same bytes in the same process; a second baseline also reads the
-//! file back, for context.
+//! file back, for context (both in `spillring_benches::baseline::std_fs`).
 //!
 //! Both sides run on a tmpfs root (`/dev/shm`, see `scratch_meta`) for the goal figure: there
 //! file creation and unlink are pure CPU, so the ratio is the engine's own overhead and not the
@@ -21,7 +21,6 @@
 //! and dhat's per-site files for the report's breakdown.
 
 use std::hint::black_box;
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -30,6 +29,7 @@ use bytes::Bytes;
 use criterion::BenchmarkId;
 use serde_json::json;
 use spillring::{Engine, EngineConfig, TaskSpill};
+use spillring_benches::baseline::std_fs;
 use spillring_benches::{
     GatedDhat, HeapProfile, KIB, MIB, Samples, criterion, engine_info, median, out_dir, payloads,
     profile_request, quick, scratch, scratch_meta, wait_deletes, write_results,
@@ -106,23 +106,12 @@ fn engine_cycle_nowait(rig: &Rig, payload: &Bytes) -> usize {
 
 /// The baseline: create + write + close + unlink with std::fs.
 fn std_cycle(path: &Path, payload: &[u8]) {
-    let mut f = std::fs::File::create(path).expect("create");
-    f.write_all(payload).expect("write");
-    drop(f);
-    std::fs::remove_file(path).expect("unlink");
+    std_fs::cycle(path, payload).expect("std::fs cycle");
 }
 
 /// The baseline with the read-back the engine cycle also does.
 fn std_cycle_read(path: &Path, payload: &[u8], buf: &mut Vec<u8>) {
-    let mut f = std::fs::File::create(path).expect("create");
-    f.write_all(payload).expect("write");
-    drop(f);
-    buf.clear();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(buf))
-        .expect("read back");
-    black_box(&buf);
-    std::fs::remove_file(path).expect("unlink");
+    std_fs::cycle_read(path, payload, buf).expect("std::fs cycle with read-back");
 }
 
 /// Where a cycle's wall time goes, from the caller's side: medians per phase over `cycles`.

@@ -1,5 +1,6 @@
 //! Throughput: 1 GiB in 1 MiB / 64 KiB / 4 KiB records, buffered and direct, through the engine,
-//! a `std::fs` `write_all` loop and a tokio-uring `write_at` loop with 8 writes in flight.
+//! a `std::fs` `write_all` loop and a tokio-uring `write_at` loop with 8 writes in flight (both
+//! in `spillring_benches::baseline`).
 //!
 //! Each run writes the same page-aligned payloads (so `O_DIRECT` baselines need no copy) and
 //! then makes the data durable (`sync_data`; for the engine, of every segment it wrote), so
@@ -21,18 +22,15 @@
 //! and `SPILLRING_TP_BYTES` runs one configuration without the sync and prints one JSON line
 //! (used by `scripts/fio-baseline.sh` to pair the engine with fio's identical job).
 
-use std::collections::VecDeque;
-use std::fs::OpenOptions;
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::json;
 use spillring::{Engine, EngineConfig, WriteMode};
+use spillring_benches::baseline::{std_fs, tokio_uring};
 use spillring_benches::{
-    GIB_F, KIB, MIB, median, payloads, process_cpu, profile_request, quick, scratch, thread_cpu,
+    KIB, MIB, Run, median, payloads, process_cpu, profile_request, quick, scratch, thread_cpu,
     write_results,
 };
 
@@ -64,25 +62,6 @@ fn mode_name(m: WriteMode) -> &'static str {
     match m {
         WriteMode::Buffered => "buffered",
         WriteMode::Direct => "direct",
-    }
-}
-
-/// What one run measured.
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    bytes: u64,
-    wall: Duration,
-    cpu: Duration,
-    in_api: Duration,
-    caller_cpu: Duration,
-}
-
-impl Run {
-    fn mb_s(&self) -> f64 {
-        self.bytes as f64 / self.wall.as_secs_f64() / 1e6
-    }
-    fn per_gib(&self, d: Duration) -> f64 {
-        d.as_secs_f64() / (self.bytes as f64 / GIB_F)
     }
 }
 
@@ -152,108 +131,6 @@ fn run_engine(engine: &Engine, recs: &[Bytes], n: usize, sync: bool) -> Run {
     }
 }
 
-fn open_file(path: &Path, mode: WriteMode) -> std::fs::File {
-    let flags = match mode {
-        WriteMode::Direct => libc::O_DIRECT,
-        WriteMode::Buffered => 0,
-    };
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(flags)
-        .open(path)
-        .expect("create the baseline file")
-}
-
-fn run_std(dir: &Path, mode: WriteMode, recs: &[Bytes], n: usize, sync: bool) -> Run {
-    let path = dir.join("std-fs.bin");
-    let bytes = (n * recs[0].len()) as u64;
-    let mut f = open_file(&path, mode);
-    let (t0, c0, tc0) = (Instant::now(), process_cpu(), thread_cpu());
-    let mut in_api = Duration::ZERO;
-    for i in 0..n {
-        let b = Instant::now();
-        f.write_all(&recs[i % recs.len()]).expect("std write_all");
-        in_api += b.elapsed();
-    }
-    let caller_cpu = thread_cpu() - tc0;
-    if sync {
-        f.sync_data().expect("sync");
-    }
-    let b = Instant::now();
-    drop(f);
-    in_api += b.elapsed();
-    let (wall, cpu) = (t0.elapsed(), process_cpu() - c0);
-    std::fs::remove_file(&path).expect("remove the baseline file");
-    Run {
-        bytes,
-        wall,
-        cpu,
-        in_api,
-        caller_cpu,
-    }
-}
-
-fn run_uring(dir: &Path, mode: WriteMode, recs: &[Bytes], n: usize, sync: bool) -> Run {
-    let path = dir.join("tokio-uring.bin");
-    let len = recs[0].len();
-    let bytes = (n * len) as u64;
-    let std_file = open_file(&path, mode);
-    let run = tokio_uring::start(async {
-        let file = tokio_uring::fs::File::from_std(std_file);
-        let (t0, c0, tc0) = (Instant::now(), process_cpu(), thread_cpu());
-        let mut in_api = Duration::ZERO;
-        let mut inflight = VecDeque::with_capacity(URING_IN_FLIGHT);
-        let finish_one = |r: (std::io::Result<usize>, Bytes)| r.0.expect("tokio-uring write");
-        let mut off = 0u64;
-        for i in 0..n {
-            let b = Instant::now();
-            if inflight.len() == URING_IN_FLIGHT {
-                let (fut, at): (_, u64) = inflight.pop_front().expect("in flight");
-                let done = finish_one(fut.await);
-                if done < len {
-                    // A short write: finish it before going on.
-                    let (r, _) = file
-                        .write_all_at(recs[0].slice(done..), at + done as u64)
-                        .await;
-                    r.expect("tokio-uring write_all_at");
-                }
-            }
-            let fut = file.write_at(recs[i % recs.len()].clone(), off).submit();
-            inflight.push_back((fut, off));
-            off += len as u64;
-            in_api += b.elapsed();
-        }
-        let b = Instant::now();
-        while let Some((fut, at)) = inflight.pop_front() {
-            let done = finish_one(fut.await);
-            if done < len {
-                let (r, _) = file
-                    .write_all_at(recs[0].slice(done..), at + done as u64)
-                    .await;
-                r.expect("tokio-uring write_all_at");
-            }
-        }
-        in_api += b.elapsed();
-        let caller_cpu = thread_cpu() - tc0;
-        if sync {
-            file.sync_data().await.expect("sync");
-        }
-        let b = Instant::now();
-        file.close().await.expect("close");
-        in_api += b.elapsed();
-        Run {
-            bytes,
-            wall: t0.elapsed(),
-            cpu: process_cpu() - c0,
-            in_api,
-            caller_cpu,
-        }
-    });
-    std::fs::remove_file(&path).expect("remove the baseline file");
-    run
-}
-
 fn run_one(
     which: Impl,
     engines: &Engines,
@@ -265,8 +142,9 @@ fn run_one(
 ) -> Run {
     match which {
         Impl::Engine => run_engine(engines.get(mode), recs, n, sync),
-        Impl::Std => run_std(dir, mode, recs, n, sync),
-        Impl::Uring => run_uring(dir, mode, recs, n, sync),
+        Impl::Std => std_fs::write_run(dir, mode, recs, n, sync).expect("std::fs baseline run"),
+        Impl::Uring => tokio_uring::write_run(dir, mode, recs, n, sync, URING_IN_FLIGHT)
+            .expect("tokio-uring baseline run"),
     }
 }
 
