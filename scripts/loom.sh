@@ -6,7 +6,7 @@
 # dir of their own (target/loom, so the normal build is not invalidated). Each model runs the
 # engine's own code for its protocol in every interleaving loom explores:
 #
-#   loom_abortable_files_*  writer.rs   the abort flag against the file list (invariant 2)
+#   loom_abortable_files_*  spill/writer/hook.rs   the abort flag against the file list (invariant 2)
 #   loom_grants_*           state.rs    grant release and publish against scope close
 #   loom_dir_count_*        dir.rs      a directory's file count and its close
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close

@@ -31,6 +31,60 @@ pub enum BackendKind {
     Psync,
 }
 
+impl WriteMode {
+    /// "buffered" or "direct" (as in metrics and reports).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteMode::Buffered => "buffered",
+            WriteMode::Direct => "direct",
+        }
+    }
+}
+
+impl BackendKind {
+    /// "auto", "uring" or "psync" (as in configuration and command lines).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Auto => "auto",
+            BackendKind::Uring => "uring",
+            BackendKind::Psync => "psync",
+        }
+    }
+}
+
+/// The I/O backend an engine runs (what [`BackendKind::Auto`] resolved to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Backend {
+    /// io_uring ring threads.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// Plain syscalls on the engine's I/O threads.
+    #[serde(rename = "psync")]
+    Psync,
+}
+
+impl Backend {
+    /// "io_uring" or "psync" (as in metrics and reports).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::IoUring => "io_uring",
+            Backend::Psync => "psync",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for WriteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Smallest accepted segment size.
 pub const MIN_SEGMENT_SIZE: u64 = 64 << 10;
 /// Largest accepted segment size.

@@ -4,168 +4,31 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::cleanup::{Cleanup, CleanupReport};
-use crate::config::{BackendKind, EngineConfig, WriteMode};
-use crate::dir::{self, DirTable, ProcDir};
+use crate::cleanup::CleanupReport;
+use crate::config::{Backend, BackendKind, EngineConfig, WriteMode};
+use crate::core::Core;
 use crate::error::{Result, SpillError};
-use crate::fault::FaultPlan;
 use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
-use crate::ledger::Ledger;
 use crate::metrics::{Counters, Metrics};
-use crate::sweep;
-use crate::sys::errno;
-use crate::task::{TaskShared, TaskSpill};
-
-/// Health of one spill root.
-#[derive(Debug, Default)]
-pub(crate) struct RootHealth {
-    skip_until: Mutex<Option<Instant>>,
-}
-
-/// What the engine's threads and handles share.
-pub(crate) struct Core {
-    pub(crate) cfg: EngineConfig,
-    pub(crate) id: u64,
-    pub(crate) ledger: Arc<Ledger>,
-    pub(crate) counters: Counters,
-    pub(crate) io: IoHandle,
-    pub(crate) pool: Arc<BufferPool>,
-    pub(crate) dirs: DirTable,
-    pub(crate) proc_dirs: Vec<Arc<ProcDir>>,
-    roots: Vec<RootHealth>,
-    pub(crate) cleanup: Arc<Cleanup>,
-    pub(crate) reaper: Reaper,
-    pub(crate) fault: Option<Arc<FaultPlan>>,
-    next_root: AtomicUsize,
-}
-
-impl std::fmt::Debug for Core {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Core")
-            .field("id", &format_args!("{:016x}", self.id))
-            .field("backend", &self.io.kind())
-            .finish()
-    }
-}
-
-impl Core {
-    /// The process directory under root `root`.
-    pub(crate) fn proc_dir(&self, root: usize) -> Result<Arc<ProcDir>> {
-        self.proc_dirs
-            .get(root)
-            .cloned()
-            .ok_or_else(|| SpillError::InvalidConfig(format!("no root {root}")))
-    }
-
-    /// The root for the next segment: round-robin over the roots not being skipped (or the
-    /// next one anyway if every root is skipped).
-    pub(crate) fn pick_root(&self) -> usize {
-        let n = self.roots.len();
-        if n == 1 {
-            return 0;
-        }
-        let start = self.next_root.fetch_add(1, Ordering::Relaxed) % n;
-        let now = Instant::now();
-        for k in 0..n {
-            let i = (start + k) % n;
-            let skip = *self.roots[i].skip_until.lock();
-            if skip.is_none_or(|t| t <= now) {
-                return i;
-            }
-        }
-        start
-    }
-
-    /// Notes a failed create or write on `root`. A device error (EIO, ENOSPC, EDQUOT, EROFS)
-    /// skips the root for `root_skip`; returns true for those.
-    pub(crate) fn root_failed(&self, root: usize, e: &io::Error) -> bool {
-        let device = matches!(
-            e.raw_os_error(),
-            Some(errno::EIO) | Some(errno::ENOSPC) | Some(errno::EDQUOT) | Some(errno::EROFS)
-        );
-        if !device {
-            return false;
-        }
-        let Some(h) = self.roots.get(root) else {
-            return true;
-        };
-        let now = Instant::now();
-        let mut skip = h.skip_until.lock();
-        if skip.is_none_or(|t| t <= now) {
-            Counters::add(&self.counters.root_skips, 1);
-            tracing::warn!(root = %self.cfg.roots[root].display(), error = %e,
-                skip = ?self.cfg.root_skip, "spill root failed; skipping it");
-        }
-        *skip = Some(now + self.cfg.root_skip);
-        true
-    }
-
-    fn metrics(&self) -> Metrics {
-        let c = &self.counters;
-        let g = Counters::get;
-        Metrics {
-            backend: self.io.kind(),
-            write_mode: match self.cfg.mode {
-                WriteMode::Buffered => "buffered",
-                WriteMode::Direct => "direct",
-            },
-            tickets_used: self.ledger.used() as u64,
-            tickets_high_water: self.ledger.high_water() as u64,
-            ticket_capacity: self.ledger.capacity() as u64,
-            admission_failures: self.ledger.admission_failures(),
-            quota_failures: self.ledger.quota_failures(),
-            spill_bytes_in_use: self.ledger.bytes_used(),
-            segments_created: g(&c.segments_created),
-            bytes_written: g(&c.bytes_written),
-            records_written: g(&c.records_written),
-            bytes_read: g(&c.bytes_read),
-            records_read: g(&c.records_read),
-            aborts_observed: g(&c.aborts_observed),
-            late_files_deleted: g(&c.late_files_deleted),
-            files_deleted: g(&c.files_deleted),
-            files_already_absent: g(&c.files_already_absent),
-            delete_failures: g(&c.delete_failures),
-            write_failures: g(&c.write_failures),
-            deletes_in_flight: g(&c.deletes_in_flight),
-            cleanup_pending: self.cleanup.pending(),
-            cleanup_oldest_age_secs: self.cleanup.oldest_age(),
-            cleanup_retries: g(&c.cleanup_retries),
-            cleanup_released: g(&c.cleanup_released),
-            orphan_dirs_swept: g(&c.orphan_dirs_swept),
-            orphan_files_swept: g(&c.orphan_files_swept),
-            root_skips: g(&c.root_skips),
-            files_published: g(&c.files_published),
-        }
-    }
-}
-
-/// A fresh random 64-bit id.
-pub(crate) fn random_id() -> u64 {
-    let mut b = [0u8; 8];
-    let n = crate::sys::rand::getrandom(&mut b);
-    let mut v = u64::from_ne_bytes(b);
-    if !matches!(n, Ok(8)) {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        v = t ^ (u64::from(std::process::id()) << 32) ^ SEQ.fetch_add(1, Ordering::Relaxed);
-    }
-    v
-}
+use crate::spill::task::{TaskShared, TaskSpill};
+use crate::store::Store;
+use crate::store::dir::{self, DirTable, ProcDir};
+use crate::store::ledger::Ledger;
+use crate::store::proc::{self, random_id};
+use crate::store::queue::CleanupQueue;
+use crate::store::roots::{Roots, probe_direct};
 
 /// The engine behind [`Engine`] handles; shut down when the last handle (engine, task,
 /// writer, state or reader) is gone.
 pub(crate) struct EngineInner {
     pub(crate) core: Arc<Core>,
-    shut: AtomicBool,
     task_seq: AtomicU64,
     tasks: Mutex<Vec<Weak<TaskShared>>>,
     cleanup_thread: Mutex<Option<JoinHandle<()>>>,
@@ -174,14 +37,10 @@ pub(crate) struct EngineInner {
 }
 
 impl EngineInner {
-    pub(crate) fn is_shut_down(&self) -> bool {
-        self.shut.load(Ordering::Acquire)
-    }
-
     fn shutdown(&self, budget: Duration) -> ShutdownReport {
         let start = Instant::now();
         let deadline = start + budget;
-        if self.shut.swap(true, Ordering::AcqRel) {
+        if self.core.begin_shutdown() {
             return self
                 .last_report
                 .lock()
@@ -198,10 +57,10 @@ impl EngineInner {
         for t in tasks {
             t.close(true);
         }
-        let drained = wait_until(deadline, || core.cleanup.outstanding() == 0);
+        let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
-        core.cleanup.stop();
+        core.store.cleanup.stop();
         if let Some(t) = self.cleanup_thread.lock().take()
             && t.join().is_err()
         {
@@ -210,7 +69,7 @@ impl EngineInner {
         core.io.shutdown();
         // Our process directories go too when nothing is left in them; otherwise the next
         // open (of any engine on the root) sweeps them.
-        for pd in &core.proc_dirs {
+        for pd in core.store.roots.proc_dirs() {
             if let Some(parent) = pd.path.parent()
                 && let Some(name) = pd.path.file_name()
                 && let (Ok(pfd), Ok(cname)) = (
@@ -224,7 +83,7 @@ impl EngineInner {
         // The final closes of deleted files free their blocks: wait for them within the
         // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
         let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
-        core.reaper.flush_until(reaped_by);
+        core.io.reaper().flush_until(reaped_by);
         self.reaper_thread.stop(reaped_by);
         let report = self.report(start, drained);
         *self.last_report.lock() = Some(report.clone());
@@ -236,10 +95,10 @@ impl EngineInner {
         ShutdownReport {
             drained,
             elapsed: start.elapsed(),
-            cleanup_pending: core.cleanup.pending(),
-            tickets_held: core.ledger.used() as u64,
-            directories_left: core.dirs.len() as u64,
-            orphan_sweeps_left: core.cleanup.sweeps_pending(),
+            cleanup_pending: core.store.cleanup.pending(),
+            tickets_held: core.store.ledger.used() as u64,
+            directories_left: core.store.dirs.len() as u64,
+            orphan_sweeps_left: core.store.cleanup.sweeps_pending(),
         }
     }
 }
@@ -312,87 +171,37 @@ impl Engine {
         cfg.check()?;
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
-        let mut id = random_id();
-        let mut proc_dirs = Vec::with_capacity(cfg.roots.len());
-        let mut claimed = Vec::new();
-        // A failure must not leave our directories behind. (One that holds a dead engine's
-        // directory claimed meanwhile stays: it is not empty, its lock dies with this call,
-        // and the next open on the root sweeps it.)
-        let cleanup_dirs = |proc_dirs: &[Arc<ProcDir>]| {
+        let (id, proc_dirs, claimed) = claim_roots(&cfg, &reaper)?;
+        // A failure from here on must not leave our directories behind. (One that holds a dead
+        // engine's directory claimed meanwhile stays: it is not empty, its lock dies with this
+        // call, and the next open on the root sweeps it.)
+        let remove_ours = |proc_dirs: &[Arc<ProcDir>]| {
             for pd in proc_dirs {
                 let _ = std::fs::remove_dir(&pd.path);
             }
         };
-        for (i, root) in cfg.roots.iter().enumerate() {
-            match sweep::claim(root, i, &mut id, &reaper) {
-                Ok((pd, found)) => {
-                    proc_dirs.push(pd);
-                    claimed.extend(found);
-                }
-                Err(e) => {
-                    cleanup_dirs(&proc_dirs);
-                    return Err(e);
-                }
-            }
-        }
         if cfg.mode == WriteMode::Direct
             && let Err(e) = probe_direct(&proc_dirs)
         {
-            cleanup_dirs(&proc_dirs);
+            remove_ours(&proc_dirs);
             return Err(e);
         }
-        let want_uring = cfg.backend != BackendKind::Psync;
-        let pool = BufferPool::new(
-            cfg.io_buffer_size,
-            if want_uring {
-                cfg.registered_buffers
-            } else {
-                0
-            },
-            64,
-        );
-        let setup = IoSetup {
-            threads: cfg.ring_threads,
-            ring_entries: cfg.ring_entries,
-            channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
-            pool: pool.clone(),
-            fault: cfg.fault_plan.clone(),
-            deadline: Arc::default(),
-        };
-        let io = match cfg.backend {
-            BackendKind::Psync => IoHandle::start_psync(&setup),
-            BackendKind::Uring => IoHandle::start_uring(&setup),
-            BackendKind::Auto => IoHandle::start_uring(&setup).or_else(|e| {
-                FALLBACK_LOGGED.call_once(|| {
-                    tracing::warn!(error = %e, "io_uring unavailable; spillring falls back to psync");
-                });
-                IoHandle::start_psync(&setup)
-            }),
-        };
-        let io = match io {
+        let io = match start_io(&cfg, &reaper) {
             Ok(io) => io,
             Err(e) => {
-                cleanup_dirs(&proc_dirs);
+                remove_ours(&proc_dirs);
                 return Err(SpillError::io("start io backend", PathBuf::new(), e));
             }
         };
-        let core = Arc::new(Core {
+        let store = Store {
             ledger: Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
-            fault: cfg.fault_plan.clone(),
-            cfg,
-            id,
-            counters: Counters::default(),
-            io,
-            pool,
             dirs: DirTable::default(),
-            roots: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
-            proc_dirs,
-            cleanup: Arc::new(Cleanup::new()),
-            reaper,
-            next_root: AtomicUsize::new(0),
-        });
+            roots: Roots::new(cfg.roots.clone(), proc_dirs, cfg.root_skip),
+            cleanup: Arc::new(CleanupQueue::new()),
+        };
+        let core = Arc::new(Core::new(cfg, id, io, store));
         for p in claimed {
-            core.cleanup.sweep(p);
+            core.store.cleanup.sweep(p);
         }
         let worker_core = core.clone();
         let cleanup_thread = std::thread::Builder::new()
@@ -408,7 +217,6 @@ impl Engine {
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 core,
-                shut: AtomicBool::new(false),
                 task_seq: AtomicU64::new(0),
                 tasks: Mutex::new(Vec::new()),
                 cleanup_thread: Mutex::new(Some(cleanup_thread)),
@@ -422,11 +230,11 @@ impl Engine {
     /// `[A-Za-z0-9._-]` become `_`; ids need not be unique). Its directories are made on its
     /// first segment.
     pub fn task(&self, id: &str) -> Result<TaskSpill> {
-        if self.inner.is_shut_down() {
+        if self.inner.core.is_shut_down() {
             return Err(SpillError::Closed { what: "engine" });
         }
         let seq = self.inner.task_seq.fetch_add(1, Ordering::Relaxed);
-        let t = TaskSpill::new(self.inner.clone(), id, seq);
+        let t = TaskSpill::new(self.inner.core.clone(), self.inner.clone(), id, seq);
         let mut tasks = self.inner.tasks.lock();
         if tasks.len() >= 64 && tasks.len().is_power_of_two() {
             tasks.retain(|w| w.strong_count() > 0);
@@ -437,17 +245,17 @@ impl Engine {
 
     /// A snapshot of the metrics.
     pub fn metrics(&self) -> Metrics {
-        self.inner.core.metrics()
+        metrics(&self.inner.core)
     }
 
     /// What the cleanup worker still holds, for operators.
     pub fn cleanup_report(&self) -> CleanupReport {
         let core = &self.inner.core;
-        core.cleanup.report(core)
+        crate::cleanup::report(core)
     }
 
-    /// "io_uring" or "psync".
-    pub fn backend(&self) -> &'static str {
+    /// The backend that runs (`Backend::as_str` gives "io_uring" or "psync").
+    pub fn backend(&self) -> Backend {
         self.inner.core.io.kind()
     }
 
@@ -460,7 +268,9 @@ impl Engine {
     pub fn process_dirs(&self) -> Vec<PathBuf> {
         self.inner
             .core
-            .proc_dirs
+            .store
+            .roots
+            .proc_dirs()
             .iter()
             .map(|p| p.path.clone())
             .collect()
@@ -473,9 +283,9 @@ impl Engine {
         let core = &self.inner.core;
         let deadline = Instant::now() + timeout;
         // One counter of all delete work, which a unit moving between the I/O threads and
-        // the cleanup worker never leaves at zero (see `Cleanup::outstanding`).
-        let ok = wait_until(deadline, || core.cleanup.outstanding() == 0);
-        core.reaper.flush();
+        // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`).
+        let ok = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
+        core.io.reaper().flush();
         ok
     }
 
@@ -483,19 +293,19 @@ impl Engine {
     /// sweeps not finished: zero when every file the engine was asked to delete is confirmed
     /// gone. One load.
     pub fn pending_deletes(&self) -> u64 {
-        self.inner.core.cleanup.outstanding()
+        self.inner.core.store.cleanup.outstanding()
     }
 
     /// The cleanup queue in order, as (directory index, segment number). Not a stable API:
     /// for tests of the worker's rotation order.
     #[doc(hidden)]
     pub fn cleanup_queue_snapshot(&self) -> Vec<(u32, u32)> {
-        self.inner.core.cleanup.snapshot()
+        self.inner.core.store.cleanup.snapshot()
     }
 
     /// Lets the cleanup worker retry failed deletes now instead of after its delay.
     pub fn retry_cleanup_now(&self) {
-        self.inner.core.cleanup.retry_now();
+        self.inner.core.store.cleanup.retry_now();
     }
 
     /// Stops admission (new tasks and writers fail with `Closed`), aborts task scopes still
@@ -507,23 +317,97 @@ impl Engine {
     }
 }
 
-/// Checks that every root takes `O_DIRECT`, with a probe file in our directory.
-fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
-    for pd in proc_dirs {
-        let name = c".spillring-direct-probe";
-        match dir::create_file_at(pd.fd.as_fd(), name, true) {
-            Ok(fd) => {
-                drop(fd);
-                let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
+/// Creates and locks this engine's directory under every root and claims the directories of
+/// dead engines there. On a failure, removes the directories it made.
+fn claim_roots(
+    cfg: &EngineConfig,
+    reaper: &Reaper,
+) -> Result<(u64, Vec<Arc<ProcDir>>, Vec<PathBuf>)> {
+    let mut id = random_id();
+    let mut proc_dirs: Vec<Arc<ProcDir>> = Vec::with_capacity(cfg.roots.len());
+    let mut claimed = Vec::new();
+    for (i, root) in cfg.roots.iter().enumerate() {
+        match proc::claim(root, i, &mut id, reaper) {
+            Ok((pd, found)) => {
+                proc_dirs.push(pd);
+                claimed.extend(found);
             }
-            Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
-                return Err(SpillError::InvalidConfig(format!(
-                    "mode Direct: the filesystem of {} does not support O_DIRECT",
-                    pd.path.display()
-                )));
+            Err(e) => {
+                for pd in &proc_dirs {
+                    let _ = std::fs::remove_dir(&pd.path);
+                }
+                return Err(e);
             }
-            Err(e) => return Err(SpillError::io("probe O_DIRECT", pd.path.clone(), e)),
         }
     }
-    Ok(())
+    Ok((id, proc_dirs, claimed))
+}
+
+/// Starts the configured backend (io_uring, falling back to psync under `Auto`).
+fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
+    let want_uring = cfg.backend != BackendKind::Psync;
+    let pool = BufferPool::new(
+        cfg.io_buffer_size,
+        if want_uring {
+            cfg.registered_buffers
+        } else {
+            0
+        },
+        64,
+    );
+    let setup = IoSetup {
+        threads: cfg.ring_threads,
+        ring_entries: cfg.ring_entries,
+        channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
+        pool,
+        fault: cfg.fault_plan.clone(),
+        deadline: Arc::default(),
+        reaper: reaper.clone(),
+    };
+    match cfg.backend {
+        BackendKind::Psync => IoHandle::start_psync(&setup),
+        BackendKind::Uring => IoHandle::start_uring(&setup),
+        BackendKind::Auto => IoHandle::start_uring(&setup).or_else(|e| {
+            FALLBACK_LOGGED.call_once(|| {
+                tracing::warn!(error = %e, "io_uring unavailable; spillring falls back to psync");
+            });
+            IoHandle::start_psync(&setup)
+        }),
+    }
+}
+
+/// A snapshot of the metrics.
+fn metrics(core: &Core) -> Metrics {
+    let c = &core.counters;
+    let g = Counters::get;
+    Metrics {
+        backend: core.io.kind(),
+        write_mode: core.cfg.mode,
+        tickets_used: core.store.ledger.used() as u64,
+        tickets_high_water: core.store.ledger.high_water() as u64,
+        ticket_capacity: core.store.ledger.capacity() as u64,
+        admission_failures: core.store.ledger.admission_failures(),
+        quota_failures: core.store.ledger.quota_failures(),
+        spill_bytes_in_use: core.store.ledger.bytes_used(),
+        segments_created: g(&c.segments_created),
+        bytes_written: g(&c.bytes_written),
+        records_written: g(&c.records_written),
+        bytes_read: g(&c.bytes_read),
+        records_read: g(&c.records_read),
+        aborts_observed: g(&c.aborts_observed),
+        late_files_deleted: g(&c.late_files_deleted),
+        files_deleted: g(&c.files_deleted),
+        files_already_absent: g(&c.files_already_absent),
+        delete_failures: g(&c.delete_failures),
+        write_failures: g(&c.write_failures),
+        deletes_in_flight: g(&c.deletes_in_flight),
+        cleanup_pending: core.store.cleanup.pending(),
+        cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),
+        cleanup_retries: g(&c.cleanup_retries),
+        cleanup_released: g(&c.cleanup_released),
+        orphan_dirs_swept: g(&c.orphan_dirs_swept),
+        orphan_files_swept: g(&c.orphan_files_swept),
+        root_skips: g(&c.root_skips),
+        files_published: g(&c.files_published),
+    }
 }

@@ -36,46 +36,48 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-mod cleanup;
+// The layers, lowest first (ARCHITECTURE.md; `scripts/check-layers.py` checks that each
+// imports only from its own layer and those below it).
 mod config;
-mod dir;
-mod engine;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 #[allow(dead_code, unreachable_pub)]
 mod fault;
-mod grant;
+mod metrics;
+mod sync;
+
+mod format;
+#[allow(unsafe_code)]
+mod sys;
 // The io_uring backend and its buffers are raw code; every other syscall goes through `sys`.
 #[allow(unsafe_code)]
 mod io;
-mod ledger;
-mod metrics;
-mod reader;
-pub mod segment;
-mod state;
-mod sweep;
-mod sync;
-#[allow(unsafe_code)]
-mod sys;
-mod task;
+mod store;
+
+mod core;
+
+mod cleanup;
+mod spill;
+
+mod engine;
 #[doc(hidden)]
 pub mod testing;
-mod writer;
 
 pub use bytes::Bytes;
 pub use cleanup::CleanupReport;
 pub use config::{
-    BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode,
+    Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode,
 };
 pub use engine::{Engine, ShutdownReport};
 pub use error::{Result, SpillError};
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
+pub use format::names::{PROC_PREFIX, proc_dir_name};
+pub use format::segment;
 pub use metrics::Metrics;
-pub use reader::SpillReader;
-pub use state::SpilledState;
-pub use sweep::{PROC_PREFIX, proc_dir_name};
-pub use task::TaskSpill;
-pub use writer::{RecordSlot, SpillWriter};
+pub use spill::reader::SpillReader;
+pub use spill::state::SpilledState;
+pub use spill::task::TaskSpill;
+pub use spill::writer::{RecordSlot, SpillWriter};

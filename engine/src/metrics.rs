@@ -1,6 +1,7 @@
 //! Engine metrics: relaxed atomic counters updated on the paths they count, read as one
 //! [`Metrics`] snapshot that also renders as Prometheus text.
 
+use crate::config::{Backend, WriteMode};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,10 +45,10 @@ impl Counters {
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct Metrics {
-    /// Which I/O backend runs: "io_uring" or "psync".
-    pub backend: &'static str,
-    /// "buffered" or "direct".
-    pub write_mode: &'static str,
+    /// Which I/O backend runs (serialised as "io_uring" or "psync").
+    pub backend: Backend,
+    /// Buffered or direct (serialised as "buffered" or "direct").
+    pub write_mode: WriteMode,
     /// Tickets held now: segment files on disk the engine must still delete.
     pub tickets_used: u64,
     /// Most tickets ever held at once.

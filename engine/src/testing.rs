@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::ledger::{Ledger, Ticket};
+use crate::store::ledger::{Ledger, Ticket};
 
 /// A stand-alone ticket ledger, to measure reserve/release.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ impl LedgerProbe {
 }
 
 /// Size in bytes of one name-only cleanup record.
-pub const CLEANUP_RECORD_BYTES: usize = std::mem::size_of::<crate::cleanup::Record>();
+pub const CLEANUP_RECORD_BYTES: usize = std::mem::size_of::<crate::store::queue::Record>();
 
 /// What [`parse_segment`] found in a segment buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,19 +53,19 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
     };
     // As the reader maps it: no further than the written length.
     let buf = &buf[..end.min(buf.len())];
-    if buf.len() < crate::segment::HEADER_LEN {
+    if buf.len() < crate::format::segment::HEADER_LEN {
         out.damage = Some((buf.len() as u64, "segment truncated inside its header"));
         return out;
     }
-    match crate::segment::parse_header(buf) {
+    match crate::format::segment::parse_header(buf) {
         Err(d) => out.damage = Some((0, d)),
         Ok(h) if h.segment != segment || h.engine != engine => {
             out.damage = Some((0, "header names another segment or engine"));
         }
         Ok(_) => {
-            let mut off = crate::segment::HEADER_LEN;
+            let mut off = crate::format::segment::HEADER_LEN;
             loop {
-                match crate::segment::next_frame(buf, off, end) {
+                match crate::format::segment::next_frame(buf, off, end) {
                     Ok(Some(f)) => {
                         out.records.push(f.start..f.end);
                         off = f.end;
@@ -85,9 +85,9 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
 /// A valid segment: the header of segment `segment` of engine `engine`, then `records`, framed
 /// as the writer frames them.
 pub fn encode_segment(segment: u32, engine: u64, records: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::from(crate::segment::encode_header(segment, engine));
+    let mut v = Vec::from(crate::format::segment::encode_header(segment, engine));
     for r in records {
-        v.extend_from_slice(&crate::segment::frame_header(r));
+        v.extend_from_slice(&crate::format::segment::frame_header(r));
         v.extend_from_slice(r);
     }
     v

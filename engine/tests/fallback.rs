@@ -75,8 +75,8 @@ fn io_uring_refused_falls_back_to_psync() {
             other => panic!("want Io(EPERM), got {other}"),
         }
         let engine = Engine::open(EngineConfig::new(&root).backend(BackendKind::Auto)).unwrap();
-        assert_eq!(engine.backend(), "psync");
-        assert_eq!(engine.metrics().backend, "psync");
+        assert_eq!(engine.backend(), spillring::Backend::Psync);
+        assert_eq!(engine.metrics().backend.as_str(), "psync");
         assert!(
             engine
                 .metrics()

@@ -34,9 +34,9 @@ fn small_round_trip() {
         assert_eq!(
             m.backend,
             if b == spillring::BackendKind::Uring {
-                "io_uring"
+                spillring::Backend::IoUring
             } else {
-                "psync"
+                spillring::Backend::Psync
             }
         );
     });

@@ -199,10 +199,12 @@ fn execute(
         let t0 = Instant::now();
         let engine = Engine::open(crate::run::engine_config(&a.workload, root))
             .map_err(|e| format!("reopen: {e}"))?;
-        if let Some(why) = crate::run::backend_mismatch(a.workload.backend, engine.backend()) {
+        if let Some(why) =
+            crate::run::backend_mismatch(a.workload.backend, engine.backend().as_str())
+        {
             st.bad("backend", why, format!("kill {k}: reopened engine"));
         }
-        backends.insert(engine.backend());
+        backends.insert(engine.backend().as_str());
         let settled = engine.settle(Duration::from_secs(60));
         let mut gone = false;
         while t0.elapsed() < Duration::from_secs(60) {

@@ -4,7 +4,7 @@
 //! are grants too. The files are deleted when the last grant is released, or when the task
 //! scope closes (then every reader sees `Aborted`). Either way the deletes are queued to an I/O
 //! thread, never run on the caller's. `close` is idempotent. The protocol is in
-//! [`crate::grant`].
+//! [`crate::spill::grant`].
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
@@ -12,15 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
-use crate::dir::{self, DirNext, TaskDir};
-use crate::engine::Core;
+use crate::cleanup::{delete_segments, remove_dir};
+use crate::core::Core;
 use crate::error::{Result, SpillError};
-use crate::grant::{Grant, StateInner};
+use crate::format::segment::SegmentFileName;
 use crate::metrics::Counters;
-use crate::reader::SpillReader;
-use crate::segment::SegmentFileName;
-use crate::task::{Member, TaskShared};
+use crate::spill::grant::{Grant, StateInner};
+use crate::spill::reader::SpillReader;
+use crate::spill::task::{Member, TaskShared};
+use crate::store::dir::{self, DirNext, TaskDir};
+use crate::store::entry::SegmentEntry;
 
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
 /// on the files (see the module docs). `Clone` takes another grant.

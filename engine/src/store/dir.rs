@@ -16,6 +16,10 @@ use crate::io::{FileHandle, NameBuf};
 use crate::sync::{AtomicU64, Ordering};
 use crate::sys::fs::{self, Mode, OFlags};
 
+/// Segment number that marks a cleanup record for the directory itself (its `rmdir`): the
+/// segment numbers of a task directory stay below it ([`DirEntry::next_segment`]).
+pub(crate) const DIR_RECORD: u32 = u32::MAX;
+
 /// Opens a directory (never through a symlink).
 pub(crate) fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     fs::openat(
@@ -158,7 +162,7 @@ impl DirEntry {
     /// The next unused segment number, or `None` when they ran out.
     pub(crate) fn next_segment(&self) -> Option<u32> {
         let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
-        (n < crate::cleanup::DIR_RECORD).then_some(n)
+        (n < DIR_RECORD).then_some(n)
     }
 
     /// See [`LiveFiles::file_coming`].
@@ -238,7 +242,7 @@ pub(crate) struct TaskDir {
     pub entry: Arc<DirEntry>,
     pub fd: Arc<FileHandle>,
     /// Where a segment of this directory dropped without a hand-off sends its name.
-    pub cleanup: Arc<crate::cleanup::Cleanup>,
+    pub cleanup: Arc<crate::store::queue::CleanupQueue>,
 }
 
 impl std::ops::Deref for TaskDir {

@@ -1,9 +1,9 @@
-//! Crash recovery (DESIGN invariant 8): each engine holds an advisory lock (`flock`) on its own
-//! process directory under every root for its whole life. At open, sibling directories whose
-//! lock can be taken belong to dead processes: they are renamed into the new engine's own
-//! (locked) directory at once, and the cleanup worker deletes them in the background, so a
-//! large sweep never stalls start-up and a live engine's files are never touched. Liveness is
-//! never decided by a PID (PIDs repeat across containers).
+//! Process directories (DESIGN invariant 8): each engine holds an advisory lock (`flock`) on
+//! its own process directory under every root for its whole life. At open, sibling directories
+//! whose lock can be taken belong to dead processes: they are renamed into the new engine's own
+//! (locked) directory at once, and the cleanup worker deletes them in the background
+//! (`cleanup::sweep`), so a large sweep never stalls start-up and a live engine's files are
+//! never touched. Liveness is never decided by a PID (PIDs repeat across containers).
 
 use std::ffi::CString;
 use std::io;
@@ -12,20 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::dir::{self, ProcDir};
-use crate::engine::Core;
 use crate::error::{Result, SpillError};
+use crate::format::names::{PROC_PREFIX, proc_dir_name};
 use crate::io::{FileHandle, Reaper};
-use crate::metrics::Counters;
+use crate::store::dir::{self, ProcDir};
 use crate::sys::{self, errno};
-
-/// Prefix of every engine's process directory.
-pub const PROC_PREFIX: &str = "spillring-";
-
-/// The name of engine `id`'s process directory.
-pub fn proc_dir_name(id: u64) -> String {
-    format!("{PROC_PREFIX}{id:016x}")
-}
 
 static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -54,7 +45,7 @@ pub(crate) fn claim(
         match dir::mkdir_at(root_fd.as_fd(), &cname) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 8 => {
-                *id = crate::engine::random_id();
+                *id = random_id();
                 continue;
             }
             Err(e) => return Err(SpillError::io("create process directory", path, e)),
@@ -64,7 +55,7 @@ pub(crate) fn claim(
             // Another engine's sweep took our new directory before we opened it (it had no
             // lock yet, so it looked dead): start over with a fresh name.
             Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 8 => {
-                *id = crate::engine::random_id();
+                *id = random_id();
                 continue;
             }
             Err(e) => return Err(SpillError::io("open process directory", path, e)),
@@ -86,7 +77,7 @@ pub(crate) fn claim(
                 io::Error::other("lost the directory to a concurrent sweep 8 times"),
             ));
         }
-        *id = crate::engine::random_id();
+        *id = random_id();
     };
     let pd = Arc::new(pd);
     let mut claimed = Vec::new();
@@ -145,57 +136,17 @@ fn claim_one(
     Ok(Some(ours.path.join(to)))
 }
 
-/// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
-/// it cannot remove is retried later, and if the engine stops first, the next open sweeps it
-/// again (it sits inside this engine's process directory).
-pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
-    let mut files = 0u64;
-    let mut dirs = 0u64;
-    let stop = || core.cleanup.stopping();
-    let r = remove_tree(path, &mut files, &mut dirs, &stop);
-    Counters::add(&core.counters.orphan_files_swept, files);
-    match r {
-        Ok(()) => {
-            Counters::add(&core.counters.orphan_dirs_swept, 1);
-            core.cleanup.end();
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => core.cleanup.end(),
-        // Stopped by a shutdown: the rest stays in our process directory for the next open.
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => core.cleanup.sweep_left(path),
-        Err(e) => {
-            Counters::add(&core.counters.delete_failures, 1);
-            tracing::warn!(dir = %path.display(), error = %e, "sweep of an orphan directory failed; will retry");
-            core.cleanup
-                .sweep_later(path.to_path_buf(), core.cfg.cleanup_retry_delay);
-        }
+/// A fresh random 64-bit id.
+pub(crate) fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    let n = crate::sys::rand::getrandom(&mut b);
+    let mut v = u64::from_ne_bytes(b);
+    if !matches!(n, Ok(8)) {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        v = t ^ (u64::from(std::process::id()) << 32) ^ SEQ.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// Removes `path` and everything under it; stops with `Interrupted` as soon as `stop()` says
-/// so (checked before every unlink).
-fn remove_tree(
-    path: &Path,
-    files: &mut u64,
-    dirs: &mut u64,
-    stop: &dyn Fn() -> bool,
-) -> io::Result<()> {
-    for entry in std::fs::read_dir(path)? {
-        if stop() {
-            return Err(io::ErrorKind::Interrupted.into());
-        }
-        let entry = entry?;
-        let p = entry.path();
-        if entry.file_type()?.is_dir() {
-            remove_tree(&p, files, dirs, stop)?;
-        } else {
-            match std::fs::remove_file(&p) {
-                Ok(()) => *files += 1,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    std::fs::remove_dir(path)?;
-    *dirs += 1;
-    Ok(())
+    v
 }

@@ -6,9 +6,8 @@
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod gate;
-pub(crate) mod psync;
+mod psync;
 pub(crate) mod uring;
-mod wake;
 
 pub(crate) use gate::LaneGate;
 
@@ -25,8 +24,9 @@ use crossbeam_channel::{Receiver, Sender};
 use memmap2::{Mmap, MmapMut};
 use parking_lot::Mutex;
 
+use crate::config::Backend;
 use crate::fault::{self, FaultPlan, FaultPoint, Injected};
-use crate::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
+use crate::format::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
 use crate::sys::errno;
 
 /// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
@@ -308,8 +308,11 @@ pub(crate) struct IoHandle {
     lanes: Vec<Lane>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next: AtomicUsize,
-    kind: &'static str,
+    kind: Backend,
     deadline: Arc<Deadline>,
+    pool: Arc<BufferPool>,
+    reaper: Reaper,
+    fault: Option<Arc<FaultPlan>>,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -330,6 +333,7 @@ pub(crate) struct IoSetup {
     pub pool: Arc<BufferPool>,
     pub fault: Option<Arc<FaultPlan>>,
     pub deadline: Arc<Deadline>,
+    pub reaper: Reaper,
 }
 
 impl IoHandle {
@@ -344,7 +348,7 @@ impl IoHandle {
             lanes.push(Lane { id, tx, wake, gate });
             threads.push(join);
         }
-        Ok(Self::assemble(lanes, threads, "io_uring", setup))
+        Ok(Self::assemble(lanes, threads, Backend::IoUring, setup))
     }
 
     /// Starts psync I/O threads.
@@ -363,13 +367,13 @@ impl IoHandle {
             });
             threads.push(join);
         }
-        Ok(Self::assemble(lanes, threads, "psync", setup))
+        Ok(Self::assemble(lanes, threads, Backend::Psync, setup))
     }
 
     fn assemble(
         lanes: Vec<Lane>,
         threads: Vec<JoinHandle<()>>,
-        kind: &'static str,
+        kind: Backend,
         setup: &IoSetup,
     ) -> Self {
         IoHandle {
@@ -378,7 +382,28 @@ impl IoHandle {
             next: AtomicUsize::new(0),
             kind,
             deadline: setup.deadline.clone(),
+            pool: setup.pool.clone(),
+            reaper: setup.reaper.clone(),
+            fault: setup.fault.clone(),
         }
+    }
+
+    /// The staging buffers.
+    pub(crate) fn pool(&self) -> &Arc<BufferPool> {
+        &self.pool
+    }
+
+    /// The reaper that closes fds off the hot path.
+    pub(crate) fn reaper(&self) -> &Reaper {
+        &self.reaper
+    }
+
+    /// Performs `op` on the calling thread, with the backends' fault points, and returns its
+    /// result without completing it (the caller does, or uses the result itself). For work the
+    /// caller would wait for anyway: a blocking `finish`'s last write, a small cleanup batch on
+    /// the worker's own thread. Two thread hand-offs saved.
+    pub(crate) fn run_inline(&self, op: &Op) -> io::Result<usize> {
+        psync::perform(op, &self.fault)
     }
 
     /// From `at` on, queued ops fail with [`abandoned`] instead of starting, and a submit
@@ -390,8 +415,8 @@ impl IoHandle {
         }
     }
 
-    /// "io_uring" or "psync".
-    pub(crate) fn kind(&self) -> &'static str {
+    /// The backend that runs.
+    pub(crate) fn kind(&self) -> Backend {
         self.kind
     }
 

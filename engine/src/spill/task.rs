@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 
 use crate::cleanup::remove_dir;
-use crate::dir::{self, DirNext, TaskDir};
-use crate::engine::{Core, EngineInner};
+use crate::core::{Core, EngineGuard};
 use crate::error::{Result, SpillError};
 use crate::fault::FaultPlan;
 use crate::io::{FileHandle, NameBuf};
-use crate::writer::SpillWriter;
+use crate::spill::writer::SpillWriter;
+use crate::store::dir::{self, DirNext, TaskDir};
 
 /// Something a scope closes when it closes.
 pub(crate) trait Member: Send + Sync {
@@ -37,7 +37,9 @@ struct Registry {
 /// [`TaskSpill`] handles keep the scope open.
 pub(crate) struct TaskShared {
     pub(crate) id: String,
-    pub(crate) engine: Arc<EngineInner>,
+    core: Arc<Core>,
+    /// Keeps the engine's threads alive while the scope lives.
+    _engine: EngineGuard,
     registry: Mutex<Registry>,
     dirs: Mutex<Vec<Option<Arc<TaskDir>>>>,
     cancelled: AtomicBool,
@@ -56,7 +58,7 @@ impl std::fmt::Debug for TaskShared {
 
 impl TaskShared {
     pub(crate) fn core(&self) -> &Arc<Core> {
-        &self.engine.core
+        &self.core
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -145,7 +147,7 @@ impl TaskShared {
             return Ok(d.clone());
         }
         let core = self.core();
-        let proc_dir = core.proc_dir(root)?;
+        let proc_dir = core.store.roots.proc_dir(root)?;
         let name = format!("t{}-{}", self.seq, sanitize(&self.id));
         let path = proc_dir.path.join(&name);
         let io_err = |op, e| SpillError::io(op, path.clone(), e);
@@ -168,9 +170,9 @@ impl TaskShared {
             }
         };
         let d = Arc::new(TaskDir {
-            entry: core.dirs.insert(path.clone(), nbuf, proc_dir.clone()),
-            fd: FileHandle::new(fd, core.reaper.clone()),
-            cleanup: core.cleanup.clone(),
+            entry: core.store.dirs.insert(path.clone(), nbuf, proc_dir.clone()),
+            fd: FileHandle::new(fd, core.io.reaper().clone()),
+            cleanup: core.store.cleanup.clone(),
         });
         dirs[root] = Some(d.clone());
         Ok(d)
@@ -216,10 +218,11 @@ impl std::fmt::Debug for TaskSpill {
 }
 
 impl TaskSpill {
-    pub(crate) fn new(engine: Arc<EngineInner>, id: &str, seq: u64) -> Self {
+    pub(crate) fn new(core: Arc<Core>, engine: EngineGuard, id: &str, seq: u64) -> Self {
         let shared = Arc::new(TaskShared {
             id: id.to_owned(),
-            engine,
+            core,
+            _engine: engine,
             registry: Mutex::new(Registry::default()),
             dirs: Mutex::new(Vec::new()),
             cancelled: AtomicBool::new(false),
@@ -244,7 +247,7 @@ impl TaskSpill {
     /// A new writer, registered with this scope (its abort hook). Fails with `Closed` on a
     /// closed scope or a shut-down engine.
     pub fn writer(&self) -> Result<SpillWriter> {
-        if self.shared.engine.is_shut_down() {
+        if self.shared.core.is_shut_down() {
             return Err(SpillError::Closed { what: "engine" });
         }
         if self.shared.is_closed() {

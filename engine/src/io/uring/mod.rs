@@ -18,12 +18,14 @@ use std::thread::JoinHandle;
 use crossbeam_channel::TryRecvError;
 use io_uring::{IoUring, opcode, register::Probe, squeue, types};
 
-use super::wake::EventWake;
+mod wake;
+
 use super::{
     Deadline, IoSetup, LaneRx, Msg, Op, OpKind, Wake, WriteData, abandoned, injected, skip_len,
 };
 use crate::error::cqe_result;
 use crate::fault::{FaultPlan, Injected};
+use wake::EventWake;
 
 const WAKE_TOKEN: u64 = u64::MAX;
 

@@ -7,15 +7,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::SpillWriter;
-use crate::cleanup::{SegmentEntry, delete_segments, remove_dir};
+use crate::cleanup::{delete_segments, remove_dir};
 use crate::config::DIRECT_ALIGN;
-use crate::dir::{self, DirNext, TaskDir};
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
+use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::FileHandle;
-use crate::ledger::Ticket;
 use crate::metrics::Counters;
-use crate::segment::{self, HEADER_LEN, SegmentFileName};
+use crate::store::dir::{self, DirNext, TaskDir};
+use crate::store::entry::SegmentEntry;
+use crate::store::ledger::Ticket;
 
 /// The segment being written.
 pub(super) struct OpenSegment {
@@ -106,7 +107,7 @@ impl SpillWriter {
 
     /// Picks a root and this task's directory in it; a device error marks the root failed.
     fn segment_dir(&self) -> std::result::Result<(usize, Arc<TaskDir>), Failed> {
-        let root = self.core.pick_root();
+        let root = self.core.store.roots.pick();
         match self.task.dir(root) {
             Ok(d) => Ok((root, d)),
             Err(e) => {
@@ -133,7 +134,7 @@ impl SpillWriter {
             &self.core.fault,
             FaultPoint::WriterReserve,
         );
-        let ticket = self.core.ledger.reserve(reserve)?;
+        let ticket = self.core.store.ledger.reserve(reserve)?;
         let Some(seg) = dir.next_segment() else {
             return Err(SpillError::SegmentsExhausted {
                 path: dir.path.clone(),
@@ -198,6 +199,7 @@ impl SpillWriter {
         }
         Counters::add(&self.core.counters.segments_created, 1);
         self.core
+            .store
             .cleanup
             .retain_file(&r.dir, r.seg, r.ticket.retain());
         let e = io::Error::from_raw_os_error(e);
@@ -276,10 +278,11 @@ impl SpillWriter {
         allocated: u64,
         reserve: u64,
     ) -> Result<()> {
-        let file = FileHandle::new(fd, self.core.reaper.clone());
+        let file = FileHandle::new(fd, self.core.io.reaper().clone());
         let mut buf = self
             .core
-            .pool
+            .io
+            .pool()
             .get()
             .map_err(|e| SpillError::io("allocate buffer", "", e))?;
         buf.push(&segment::encode_header(seg, self.core.id));

@@ -2,7 +2,7 @@
 
 use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
-use crate::segment::{self, FRAME_LEN};
+use crate::format::segment::{self, FRAME_LEN};
 
 /// A record filled in place, in the writer's staging buffer: the bytes the caller writes here
 /// are the bytes that go to disk, with no copy. Made by [`SpillWriter::record`]; `commit`
@@ -105,7 +105,7 @@ impl SpillWriter {
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
-        let cap = self.core.pool.buffer_capacity();
+        let cap = self.core.io.pool().buffer_capacity();
         if need > cap {
             return Ok(self.owned_slot(len));
         }
@@ -120,7 +120,7 @@ impl SpillWriter {
             self.settle(r)?;
         }
         if self.staging.is_none() {
-            match self.core.pool.get() {
+            match self.core.io.pool().get() {
                 Ok(b) => self.staging = Some(b),
                 Err(e) => return Err(self.fail(SpillError::io("allocate buffer", "", e))),
             }

@@ -1,7 +1,7 @@
 //! The grants on a finished spill's files: the protocol ([`Grants`]) by which they are deleted
 //! exactly once, by the last grant's release or by the scope's close, whichever comes first,
-//! and the shared state ([`StateInner`]) that [`crate::state::SpilledState`] handles and
-//! [`crate::reader::SpillReader`]s hold through a [`Grant`].
+//! and the shared state ([`StateInner`]) that [`crate::spill::state::SpilledState`] handles and
+//! [`crate::spill::reader::SpillReader`]s hold through a [`Grant`].
 //!
 //! The grants, the scope's close and publish's life states are model-checked with loom
 //! (`loom_grants_*` below, see `scripts/loom.sh`).
@@ -11,12 +11,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cleanup::{SegmentEntry, delete_segments};
-use crate::dir::TaskDir;
-use crate::engine::Core;
+use crate::cleanup::delete_segments;
+use crate::core::Core;
 use crate::error::{Result, SpillError};
+use crate::spill::task::{Member, TaskShared};
+use crate::store::dir::TaskDir;
+use crate::store::entry::SegmentEntry;
 use crate::sync;
-use crate::task::{Member, TaskShared};
 
 /// Where a state's files are in their life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

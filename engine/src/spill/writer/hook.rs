@@ -14,11 +14,12 @@ use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::cleanup::{SegmentEntry, delete_segments};
-use crate::engine::Core;
+use crate::cleanup::delete_segments;
+use crate::core::Core;
 use crate::io::OpSink;
+use crate::spill::task::Member;
+use crate::store::entry::SegmentEntry;
 use crate::sync;
-use crate::task::Member;
 
 /// The files a writer created, shared with its abort hook: the abort protocol (see the module
 /// docs) on a list of `T`, so loom can check it alone (`loom_abortable_files_*` below). Every

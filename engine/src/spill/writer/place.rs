@@ -8,12 +8,12 @@ use bytes::Bytes;
 
 use super::rotate::trimmed_len;
 use super::{SpillWriter, Wait, blocking};
-use crate::cleanup::SegmentEntry;
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
+use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
 use crate::io::{Op, OpKind, WriteData};
 use crate::metrics::Counters;
-use crate::segment::{self, FRAME_LEN, HEADER_LEN};
+use crate::store::entry::SegmentEntry;
 
 /// A record being placed (kept across `Pending` so async writes resume where they stopped).
 pub(super) struct Placing {
@@ -158,7 +158,7 @@ impl SpillWriter {
             ready_ok!(self.flush_staging(wait, false));
         }
         if self.staging.is_none() {
-            match self.core.pool.get() {
+            match self.core.io.pool().get() {
                 Ok(b) => self.staging = Some(b),
                 Err(e) => return Poll::Ready(Err(SpillError::io("allocate buffer", "", e))),
             }
@@ -281,7 +281,7 @@ impl SpillWriter {
         };
         if inline && self.shared.tracker.st.lock().inflight == 0 {
             let token = op.token as u32;
-            return match crate::io::psync::perform(&op, &self.core.fault) {
+            return match self.core.io.run_inline(&op) {
                 Ok(_) => Poll::Ready(Ok(())),
                 Err(e) => Poll::Ready(Err(self.write_error(token, e))),
             };

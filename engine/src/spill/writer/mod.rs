@@ -22,14 +22,14 @@ use bytes::Bytes;
 
 use crate::cleanup::delete_segments;
 use crate::config::WriteMode;
-use crate::engine::Core;
+use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
+use crate::format::segment::{self, MAX_RECORD};
 use crate::io::IoBuf;
 use crate::metrics::Counters;
-use crate::segment::{self, MAX_RECORD};
-use crate::state::SpilledState;
-use crate::task::TaskShared;
+use crate::spill::state::SpilledState;
+use crate::spill::task::TaskShared;
 
 /// `?` for `Poll<Result<T>>`: returns `Pending` and errors, yields the value.
 macro_rules! ready_ok {

@@ -31,12 +31,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
-use crate::dir::TaskDir;
 use crate::error::{Result, SpillError};
-use crate::grant::{Grant, open_error};
+use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{Reaped, Reaper};
 use crate::metrics::Counters;
-use crate::segment::{self, HEADER_LEN, SegmentFileName};
+use crate::spill::grant::{Grant, open_error};
+use crate::store::dir::TaskDir;
 
 /// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
 struct MapOwner {
@@ -187,7 +187,7 @@ impl SpillReader {
             &state.core().fault,
             crate::fault::FaultPoint::ReaderOpen,
         );
-        let fd = match crate::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
+        let fd = match crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
             Ok(fd) => fd,
             Err(e) => {
                 let err = open_error(state, path(), e);
@@ -232,7 +232,7 @@ impl SpillReader {
         }
         let bytes = Bytes::from_owner(MapOwner {
             map: Some(map),
-            reaper: core.reaper.clone(),
+            reaper: core.io.reaper().clone(),
         });
         Ok(Mapped {
             bytes,

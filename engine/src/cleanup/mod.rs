@@ -1,0 +1,209 @@
+//! Deleting files: the normal delete path (batched unlinks queued to an I/O thread) and the
+//! cleanup worker that owns name-only records of deletes whose outcome was not confirmed.
+//!
+//! A record is sixteen bytes: a directory index, a segment number, the quota pages its ticket
+//! holds, and when it was queued. It keeps no buffer, fd or mmap alive. Its ticket stays held
+//! until the delete is confirmed (or the file is found absent), so a long storage outage stops
+//! new spills at admission instead of growing memory.
+//!
+//! The worker deletes in batches. After each batch exactly the confirmed names release their
+//! tickets; the failed ones rotate to the back of the queue and the worker waits
+//! `cleanup_retry_delay` (plus jitter) only after a failure. After a success it takes the next
+//! ready record at once.
+
+pub(crate) mod sweep;
+mod worker;
+
+pub(crate) use worker::worker_loop;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::core::Core;
+use crate::fault::FaultPoint;
+use crate::format::segment::SegmentFileName;
+use crate::io::{NameBuf, Op, OpKind, OpSink};
+use crate::metrics::Counters;
+use crate::store::dir::{DirEntry, DirNext};
+use crate::store::entry::SegmentEntry;
+use crate::store::queue::DIR_RECORD;
+use crate::sys::errno;
+
+/// What is left for the cleanup worker, for operators.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CleanupReport {
+    /// Records pending.
+    pub pending: u64,
+    /// Age of the oldest pending record, seconds.
+    pub oldest_age_secs: f64,
+    /// A few pending paths, oldest first.
+    pub examples: Vec<PathBuf>,
+    /// Orphan directories of dead processes not yet deleted.
+    pub sweeps_pending: u64,
+}
+
+/// What the cleanup worker still holds, with up to five of the oldest paths.
+pub(crate) fn report(core: &Core) -> CleanupReport {
+    let queue = &core.store.cleanup;
+    let (mut oldest, sweeps_pending) = queue.queued();
+    oldest.sort_by_key(|r| r.since);
+    let examples = oldest
+        .iter()
+        .take(5)
+        .filter_map(|r| {
+            let d = core.store.dirs.get(r.dir)?;
+            Some(if r.seg == DIR_RECORD {
+                d.path.clone()
+            } else {
+                d.path.join(SegmentFileName::new(r.seg).as_str())
+            })
+        })
+        .collect();
+    CleanupReport {
+        pending: queue.pending(),
+        oldest_age_secs: queue.oldest_age(),
+        examples,
+        sweeps_pending,
+    }
+}
+
+/// Queues the deletes of `entries` on an I/O thread and returns at once. Confirmed (or absent)
+/// names release their tickets; the others go to the cleanup worker with their tickets.
+pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<SegmentEntry>) {
+    if entries.is_empty() {
+        return;
+    }
+    let n = entries.len();
+    core.store.cleanup.begin(n as u64);
+    Counters::add(&core.counters.deletes_in_flight, n as u64);
+    let batch = Arc::new(DeleteBatch {
+        core: core.clone(),
+        // `Option<SegmentEntry>` has the size of `SegmentEntry`: this reuses the allocation.
+        entries: Mutex::new(entries.into_iter().map(Some).collect()),
+    });
+    for i in 0..n {
+        // Read under the lock: a completion may already have taken an earlier entry.
+        let target = batch.entries.lock()[i]
+            .as_ref()
+            .map(|e| (e.dir.fd.clone(), seg_name(e.seg)));
+        let Some((dir, name)) = target else { continue };
+        core.io.submit(
+            lane,
+            Op {
+                kind: OpKind::Unlink {
+                    dir,
+                    name,
+                    rmdir: false,
+                    point: FaultPoint::IoUnlink,
+                },
+                sink: batch.clone(),
+                token: i as u64,
+            },
+        );
+    }
+}
+
+fn seg_name(seg: u32) -> NameBuf {
+    NameBuf::segment(seg)
+}
+
+/// A batch of segment deletes in flight on the normal path.
+struct DeleteBatch {
+    core: Arc<Core>,
+    entries: Mutex<Vec<Option<SegmentEntry>>>,
+}
+
+impl OpSink for DeleteBatch {
+    fn complete(&self, token: u64, res: io::Result<usize>) {
+        let entry = self
+            .entries
+            .lock()
+            .get_mut(token as usize)
+            .and_then(Option::take);
+        let Some(entry) = entry else { return };
+        let c = &self.core.counters;
+        match res {
+            Ok(_) => {
+                Counters::add(&c.files_deleted, 1);
+                confirmed(&self.core, entry);
+            }
+            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
+                Counters::add(&c.files_already_absent, 1);
+                confirmed(&self.core, entry);
+            }
+            Err(e) => {
+                if crate::io::is_abandoned(&e) {
+                    tracing::debug!(path = %entry.path().display(),
+                        "segment delete not started before shutdown's deadline; left for the next open");
+                } else {
+                    Counters::add(&c.delete_failures, 1);
+                    tracing::warn!(path = %entry.path().display(), error = %e,
+                        "segment delete failed; handing its name to the cleanup worker");
+                }
+                entry.retain(&self.core.store.cleanup);
+            }
+        }
+        // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
+        // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
+        Counters::add(&c.deletes_in_flight, u64::MAX); // -1
+        self.core.store.cleanup.end();
+    }
+}
+
+/// A file is confirmed gone: release its ticket and maybe remove its directory.
+fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
+    let dir = entry.release();
+    if dir.file_gone() == DirNext::Remove {
+        remove_dir(core, &dir.entry);
+    }
+}
+
+/// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
+pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<DirEntry>) {
+    core.store.cleanup.begin(1);
+    Counters::add(&core.counters.deletes_in_flight, 1);
+    let sink = Arc::new(RmdirSink {
+        core: core.clone(),
+        dir: dir.clone(),
+    });
+    core.io.submit(
+        0,
+        Op {
+            kind: OpKind::Unlink {
+                dir: dir.parent.fd.clone(),
+                name: dir.name,
+                rmdir: true,
+                point: FaultPoint::IoUnlink,
+            },
+            sink,
+            token: 0,
+        },
+    );
+}
+
+struct RmdirSink {
+    core: Arc<Core>,
+    dir: Arc<DirEntry>,
+}
+
+impl OpSink for RmdirSink {
+    fn complete(&self, _token: u64, res: io::Result<usize>) {
+        match res {
+            Ok(_) => self.core.store.dirs.remove(&self.dir),
+            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
+                self.core.store.dirs.remove(&self.dir)
+            }
+            Err(e) => {
+                Counters::add(&self.core.counters.delete_failures, 1);
+                tracing::warn!(path = %self.dir.path.display(), error = %e,
+                    "task directory removal failed; handing it to the cleanup worker");
+                self.core.store.cleanup.retain_dir(&self.dir);
+            }
+        }
+        Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1, last (see above)
+        self.core.store.cleanup.end();
+    }
+}

@@ -1,0 +1,66 @@
+//! The crash sweep's second half: deleting, on the cleanup worker's thread, the directory
+//! trees of dead engines that `store::proc::claim` moved into this engine's own directory at
+//! open.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::core::Core;
+use crate::metrics::Counters;
+
+/// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
+/// it cannot remove is retried later, and if the engine stops first, the next open sweeps it
+/// again (it sits inside this engine's process directory).
+pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
+    let mut files = 0u64;
+    let mut dirs = 0u64;
+    let stop = || core.store.cleanup.stopping();
+    let r = remove_tree(path, &mut files, &mut dirs, &stop);
+    Counters::add(&core.counters.orphan_files_swept, files);
+    match r {
+        Ok(()) => {
+            Counters::add(&core.counters.orphan_dirs_swept, 1);
+            core.store.cleanup.end();
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => core.store.cleanup.end(),
+        // Stopped by a shutdown: the rest stays in our process directory for the next open.
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => core.store.cleanup.sweep_left(path),
+        Err(e) => {
+            Counters::add(&core.counters.delete_failures, 1);
+            tracing::warn!(dir = %path.display(), error = %e, "sweep of an orphan directory failed; will retry");
+            core.store
+                .cleanup
+                .sweep_later(path.to_path_buf(), core.cfg.cleanup_retry_delay);
+        }
+    }
+}
+
+/// Removes `path` and everything under it; stops with `Interrupted` as soon as `stop()` says
+/// so (checked before every unlink).
+fn remove_tree(
+    path: &Path,
+    files: &mut u64,
+    dirs: &mut u64,
+    stop: &dyn Fn() -> bool,
+) -> io::Result<()> {
+    for entry in std::fs::read_dir(path)? {
+        if stop() {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+        let entry = entry?;
+        let p = entry.path();
+        if entry.file_type()?.is_dir() {
+            remove_tree(&p, files, dirs, stop)?;
+        } else {
+            match std::fs::remove_file(&p) {
+                Ok(()) => *files += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    std::fs::remove_dir(path)?;
+    *dirs += 1;
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! The on-disk format, as pure functions: the segment header and record frames
+//! ([`segment`]), and the names of segment files and process directories ([`names`]).
+
+pub(crate) mod names;
+pub mod segment;

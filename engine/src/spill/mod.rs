@@ -1,0 +1,9 @@
+//! The user's stages of a spill: the task's scope ([`task`]), the writer ([`writer`]), the
+//! grants on a finished spill's files ([`grant`]) and the state that holds them ([`state`]),
+//! and the reader ([`reader`]).
+
+pub(crate) mod grant;
+pub(crate) mod reader;
+pub(crate) mod state;
+pub(crate) mod task;
+pub(crate) mod writer;

@@ -1,0 +1,279 @@
+//! The cleanup worker's queue: name-only records of deletes whose outcome was not confirmed,
+//! and the orphan sweeps. A record is sixteen bytes: a directory index, a segment number, the
+//! quota pages its ticket holds, and when it was queued. It keeps no buffer, fd or mmap alive.
+//! Its ticket stays held until the delete is confirmed (or the file is found absent), so a
+//! long storage outage stops new spills at admission instead of growing memory.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+pub(crate) use crate::store::dir::DIR_RECORD;
+use crate::store::dir::DirEntry;
+use crate::store::ledger::RetainedTicket;
+
+/// A name-only cleanup record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub dir: u32,
+    pub seg: u32,
+    /// Quota pages of the retained ticket (the ticket itself is implied: every file record
+    /// holds exactly one; a directory record holds none).
+    pub pages: u32,
+    /// Seconds since the engine started when the record was queued.
+    pub since: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() == 16);
+
+/// What the worker does next.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Delete these records' names.
+    Records(Vec<Record>),
+    /// Delete this claimed directory tree.
+    Sweep(PathBuf),
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    records: VecDeque<Record>,
+    sweeps: VecDeque<PathBuf>,
+    stop: bool,
+    /// No attempt before this instant (set after a failed batch).
+    retry_at: Option<Instant>,
+}
+
+/// The cleanup worker's queue of name-only records and orphan sweeps, and its metrics. The
+/// worker thread (`cleanup::worker`) takes work from it; every delete path hands failures to it.
+#[derive(Debug)]
+pub(crate) struct CleanupQueue {
+    queue: Mutex<Queue>,
+    cv: Condvar,
+    pending: AtomicU64,
+    /// Every unit of delete work not finished: deletes in flight on an I/O thread, records
+    /// pending, orphan sweeps queued or running. Each hand-over (a failed delete becoming a
+    /// record, a confirmed name queueing its directory's `rmdir`) counts the new unit before
+    /// it ends the old one, so one load of zero means nothing is left (see
+    /// [`CleanupQueue::outstanding`]); two counters read one after the other could both miss a unit
+    /// moving between them.
+    outstanding: AtomicU64,
+    /// Set by [`CleanupQueue::stop`]; read without the queue's lock inside a batch or a sweep, so a
+    /// shutdown never waits for more than the one unlink under way.
+    stopping: AtomicBool,
+    epoch: Instant,
+    oldest: Mutex<OldestSample>,
+}
+
+#[derive(Debug)]
+struct OldestSample {
+    at: Option<Instant>,
+    age: f64,
+}
+
+impl CleanupQueue {
+    pub(crate) fn new() -> Self {
+        CleanupQueue {
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            pending: AtomicU64::new(0),
+            outstanding: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            epoch: Instant::now(),
+            oldest: Mutex::new(OldestSample { at: None, age: 0.0 }),
+        }
+    }
+
+    fn now_secs(&self) -> u32 {
+        u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
+    }
+
+    /// Hands a file whose delete failed to the worker; its ticket stays held.
+    pub(crate) fn retain_file(&self, dir: &DirEntry, seg: u32, ticket: RetainedTicket) {
+        // The capacity stays held; the record carries how much quota the ticket had.
+        let pages = ticket.into_pages();
+        self.push(Record {
+            dir: dir.index,
+            seg,
+            pages,
+            since: self.now_secs(),
+        });
+    }
+
+    /// Hands a directory whose `rmdir` failed to the worker.
+    pub(crate) fn retain_dir(&self, dir: &DirEntry) {
+        self.push(Record {
+            dir: dir.index,
+            seg: DIR_RECORD,
+            pages: 0,
+            since: self.now_secs(),
+        });
+    }
+
+    fn push(&self, r: Record) {
+        self.begin(1);
+        let mut q = self.queue.lock();
+        q.records.push_back(r);
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.cv.notify_all();
+    }
+
+    /// Counts `n` new units of delete work (before the unit they replace ends).
+    pub(crate) fn begin(&self, n: u64) {
+        self.outstanding.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// Ends one unit of delete work (after the unit that replaces it, if any, began).
+    pub(crate) fn end(&self) {
+        self.outstanding.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Units of delete work not finished: zero means every delete the engine was asked for
+    /// (and every orphan sweep) is confirmed done. One load.
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.outstanding.load(Ordering::SeqCst)
+    }
+
+    /// Queues the deletion of a dead process's directory tree (renamed out of the way).
+    pub(crate) fn sweep(&self, path: PathBuf) {
+        self.begin(1);
+        let mut q = self.queue.lock();
+        q.sweeps.push_back(path);
+        self.cv.notify_all();
+    }
+
+    /// The queue in order, as (directory index, segment number): for tests of its rotation.
+    pub(crate) fn snapshot(&self) -> Vec<(u32, u32)> {
+        self.queue
+            .lock()
+            .records
+            .iter()
+            .map(|r| (r.dir, r.seg))
+            .collect()
+    }
+
+    /// Queues a sweep that failed again, after the retry delay.
+    pub(crate) fn sweep_later(&self, path: PathBuf, delay: Duration) {
+        let mut q = self.queue.lock();
+        q.sweeps.push_back(path);
+        q.retry_at = Some(Instant::now() + delay);
+        self.cv.notify_all();
+    }
+
+    /// Puts back a sweep a shutdown interrupted, so reports count it (the worker is stopping:
+    /// the next open sweeps it).
+    pub(crate) fn sweep_left(&self, path: &std::path::Path) {
+        self.queue.lock().sweeps.push_back(path.to_path_buf());
+    }
+
+    /// Orphan sweeps queued and not finished.
+    pub(crate) fn sweeps_pending(&self) -> u64 {
+        self.queue.lock().sweeps.len() as u64
+    }
+
+    /// Records pending now (kept on every operation, no scan).
+    pub(crate) fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Age of the oldest pending record, sampled at most once a second.
+    pub(crate) fn oldest_age(&self) -> f64 {
+        let mut s = self.oldest.lock();
+        let now = Instant::now();
+        if s.at
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
+            return s.age;
+        }
+        let now_secs = self.epoch.elapsed().as_secs_f64();
+        let q = self.queue.lock();
+        let min = q.records.iter().map(|r| r.since).min();
+        drop(q);
+        s.age = min.map_or(0.0, |m| (now_secs - f64::from(m)).max(0.0));
+        s.at = Some(now);
+        s.age
+    }
+
+    /// Asks the worker to stop: it finishes the unlink under way, puts back what it had not
+    /// started, and returns.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.queue.lock().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// True once [`CleanupQueue::stop`] was called.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Lets the worker retry now instead of waiting out its failure delay.
+    pub(crate) fn retry_now(&self) {
+        self.queue.lock().retry_at = None;
+        self.cv.notify_all();
+    }
+
+    /// The records queued now, oldest first, and the sweeps queued (for reports).
+    pub(crate) fn queued(&self) -> (Vec<Record>, u64) {
+        let q = self.queue.lock();
+        (q.records.iter().copied().collect(), q.sweeps.len() as u64)
+    }
+
+    /// The worker's next work: up to `batch` ready records, else a sweep; waits for either
+    /// (and out the retry delay after a failed batch). `None` once stopped. `before_take`, if
+    /// given, runs once per wait, outside the lock, when work is ready (the `cleanup::take`
+    /// fault point).
+    pub(crate) fn next_work(&self, batch: usize, before_take: Option<&dyn Fn()>) -> Option<Work> {
+        let mut checked = false;
+        let mut q = self.queue.lock();
+        loop {
+            if q.stop {
+                return None;
+            }
+            let now = Instant::now();
+            let waiting = q.retry_at.filter(|t| *t > now);
+            let ready = waiting.is_none() && (!q.records.is_empty() || !q.sweeps.is_empty());
+            if ready
+                && !checked
+                && let Some(f) = before_take
+            {
+                // Outside the lock: a fault point may pause.
+                checked = true;
+                parking_lot::MutexGuard::unlocked(&mut q, f);
+                continue;
+            }
+            if !q.records.is_empty() && waiting.is_none() {
+                let n = q.records.len().min(batch);
+                return Some(Work::Records(q.records.drain(..n).collect()));
+            }
+            if waiting.is_none()
+                && let Some(p) = q.sweeps.pop_front()
+            {
+                return Some(Work::Sweep(p));
+            }
+            match waiting {
+                Some(t) => {
+                    self.cv.wait_until(&mut q, t);
+                }
+                None => self.cv.wait(&mut q),
+            }
+        }
+    }
+
+    /// Puts a batch's failed records back at the end of the queue, with no attempt before
+    /// `retry_at` (`None` after a batch with no failure: the next ready record goes at once).
+    pub(crate) fn put_back(&self, failed: &[Record], retry_at: Option<Instant>) {
+        let mut q = self.queue.lock();
+        q.records.extend(failed.iter().copied());
+        q.retry_at = retry_at;
+    }
+
+    /// A record's delete is confirmed: it is no longer pending.
+    pub(crate) fn record_done(&self) {
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        self.end();
+    }
+}

@@ -1,0 +1,123 @@
+//! The spill roots: this engine's locked process directory under each, and each root's health
+//! (a root whose creates or writes fail with a device error is skipped for a while).
+
+use std::io;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{Result, SpillError};
+use crate::metrics::Counters;
+use crate::store::dir::{self, ProcDir};
+use crate::sys::errno;
+
+/// Health of one spill root.
+#[derive(Debug, Default)]
+struct RootHealth {
+    skip_until: Mutex<Option<Instant>>,
+}
+
+/// The roots in configuration order, with this engine's process directory under each.
+#[derive(Debug)]
+pub(crate) struct Roots {
+    paths: Vec<PathBuf>,
+    proc_dirs: Vec<Arc<ProcDir>>,
+    health: Vec<RootHealth>,
+    /// How long a failed root is skipped.
+    skip: Duration,
+    next: AtomicUsize,
+}
+
+impl Roots {
+    pub(crate) fn new(paths: Vec<PathBuf>, proc_dirs: Vec<Arc<ProcDir>>, skip: Duration) -> Self {
+        Roots {
+            health: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
+            paths,
+            proc_dirs,
+            skip,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// This engine's process directories, one per root.
+    pub(crate) fn proc_dirs(&self) -> &[Arc<ProcDir>] {
+        &self.proc_dirs
+    }
+
+    /// The process directory under root `root`.
+    pub(crate) fn proc_dir(&self, root: usize) -> Result<Arc<ProcDir>> {
+        self.proc_dirs
+            .get(root)
+            .cloned()
+            .ok_or_else(|| SpillError::InvalidConfig(format!("no root {root}")))
+    }
+
+    /// The root for the next segment: round-robin over the roots not being skipped (or the
+    /// next one anyway if every root is skipped).
+    pub(crate) fn pick(&self) -> usize {
+        let n = self.health.len();
+        if n == 1 {
+            return 0;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let now = Instant::now();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let skip = *self.health[i].skip_until.lock();
+            if skip.is_none_or(|t| t <= now) {
+                return i;
+            }
+        }
+        start
+    }
+
+    /// Notes a failed create or write on `root`. A device error (EIO, ENOSPC, EDQUOT, EROFS)
+    /// skips the root for the configured `root_skip`; returns true for those.
+    pub(crate) fn failed(&self, root: usize, e: &io::Error, counters: &Counters) -> bool {
+        let device = matches!(
+            e.raw_os_error(),
+            Some(errno::EIO) | Some(errno::ENOSPC) | Some(errno::EDQUOT) | Some(errno::EROFS)
+        );
+        if !device {
+            return false;
+        }
+        let Some(h) = self.health.get(root) else {
+            return true;
+        };
+        let now = Instant::now();
+        let mut skip = h.skip_until.lock();
+        if skip.is_none_or(|t| t <= now) {
+            Counters::add(&counters.root_skips, 1);
+            let path = self.paths.get(root).cloned().unwrap_or_default();
+            tracing::warn!(root = %path.display(), error = %e,
+                skip = ?self.skip, "spill root failed; skipping it");
+        }
+        *skip = Some(now + self.skip);
+        true
+    }
+}
+
+/// Checks that every root takes `O_DIRECT`, with a probe file in our directory.
+pub(crate) fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
+    for pd in proc_dirs {
+        let name = c".spillring-direct-probe";
+        match dir::create_file_at(pd.fd.as_fd(), name, true) {
+            Ok(fd) => {
+                drop(fd);
+                let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
+            }
+            Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
+                return Err(SpillError::InvalidConfig(format!(
+                    "mode Direct: the filesystem of {} does not support O_DIRECT",
+                    pd.path.display()
+                )));
+            }
+            Err(e) => return Err(SpillError::io("probe O_DIRECT", pd.path.clone(), e)),
+        }
+    }
+    Ok(())
+}
