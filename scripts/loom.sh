@@ -7,12 +7,12 @@
 # engine's own code for its protocol in every interleaving loom explores:
 #
 #   loom_abortable_files_*  spill/writer/hook.rs   the abort flag against the file list (invariant 2)
-#   loom_grants_*           state.rs    grant release and publish against scope close
-#   loom_dir_count_*        dir.rs      a directory's file count and its close
+#   loom_grants_*           spill/grant.rs grant release and publish against scope close
+#   loom_dir_count_*        store/dir.rs a directory's file count and its close
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
-#   loom_sleep_wake_*       io/wake.rs  the ring thread's sleep/wake handshake
-#   loom_ledger_*           ledger.rs   ticket reserve/grow/shrink/retain/release (1, 3)
-#   loom_worker_batch_*     cleanup.rs  a batch's outcomes reach the worker, each at its name (4)
+#   loom_sleep_wake_*       io/uring/wake.rs the ring thread's sleep/wake handshake
+#   loom_ledger_*           store/ledger.rs ticket reserve/grow/shrink/retain/release (1, 3)
+#   loom_worker_batch_*     cleanup/worker.rs a batch's outcomes reach the worker, each at its name (4)
 #
 # Bounds (LOOM_MAX_PREEMPTIONS): the abort list, the grants, the directory count and the batch are
 # explored exhaustively; the lane gate and the sleep/wake handshake with at most 5 preemptions

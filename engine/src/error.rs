@@ -3,7 +3,6 @@
 use std::io;
 use std::path::PathBuf;
 
-
 /// Everything a spillring call can fail with. Each variant names something a caller can act on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -27,4 +27,3 @@ pub(crate) mod rw;
 /// The errno values the engine classifies errors by (they live with the error type, a leaf,
 /// so every layer may use them).
 pub(crate) use crate::error::errno;
-

@@ -1,0 +1,260 @@
+//! The I/O requests: an [`Op`] (a write or an unlink) and where its outcome goes ([`OpSink`]),
+//! the shared fds ops use ([`FileHandle`]), and the vectored-write helpers both backends use.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::fault::{self, FaultPlan, FaultPoint, Injected};
+use crate::format::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
+
+use super::*;
+
+/// Where an operation's outcome goes. `res` is the bytes moved, or the OS error.
+pub(crate) trait OpSink: Send + Sync {
+    fn complete(&self, token: u64, res: io::Result<usize>);
+}
+
+/// A file descriptor shared by the ops that use it. When the last user drops it, the fd goes
+/// to the reaper: the final close of an unlinked file frees its blocks, which can take tens of
+/// milliseconds, and must not stall a caller or a ring thread.
+#[derive(Debug)]
+pub(crate) struct FileHandle {
+    fd: Option<OwnedFd>,
+    reaper: Reaper,
+}
+
+impl FileHandle {
+    pub(crate) fn new(fd: OwnedFd, reaper: Reaper) -> Arc<Self> {
+        Arc::new(FileHandle {
+            fd: Some(fd),
+            reaper,
+        })
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        // `fd` is only None inside drop.
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+impl AsFd for FileHandle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.fd {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("a FileHandle's fd is only taken in its drop"),
+        }
+    }
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            self.reaper.reap(Reaped::Fd(fd));
+        }
+    }
+}
+
+/// What a write op writes.
+pub(crate) enum WriteData {
+    /// `buf[..len]` of a staging buffer.
+    Staged(IoBuf),
+    /// A frame header followed by a caller's payload, written with no copy (vectored).
+    Framed {
+        frame: [u8; FRAME_LEN],
+        payload: Bytes,
+    },
+}
+
+impl WriteData {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            WriteData::Staged(b) => b.len,
+            WriteData::Framed { payload, .. } => FRAME_LEN + payload.len(),
+        }
+    }
+}
+
+/// A NUL-terminated name for `unlinkat`, stored inline so an op owns it until completion.
+#[derive(Clone, Copy)]
+pub(crate) struct NameBuf {
+    buf: [u8; NAME_BUF],
+}
+
+const NAME_BUF: usize = 128;
+
+impl std::fmt::Debug for NameBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.buf.iter().position(|&b| b == 0).unwrap_or(NAME_BUF);
+        write!(f, "{:?}", String::from_utf8_lossy(&self.buf[..end]))
+    }
+}
+
+impl NameBuf {
+    /// `None` when the name has a NUL or does not fit.
+    /// The name of segment `seg`.
+    pub(crate) fn segment(seg: u32) -> Self {
+        let n = SegmentFileName::new(seg);
+        let mut buf = [0u8; NAME_BUF];
+        let b = n.as_cstr().to_bytes();
+        buf[..b.len()].copy_from_slice(b);
+        NameBuf { buf }
+    }
+
+    /// `dir/<segment file name>`.
+    pub(crate) fn joined(dir: &NameBuf, seg: u32) -> Self {
+        let n = SegmentFileName::new(seg);
+        let d = dir.as_bytes();
+        let f = n.as_cstr().to_bytes();
+        let mut buf = [0u8; NAME_BUF];
+        // A directory name is at most ~70 bytes (t<seq>-<48 chars>) and a segment name 28.
+        let dl = d.len().min(NAME_BUF - 2 - f.len());
+        buf[..dl].copy_from_slice(&d[..dl]);
+        buf[dl] = b'/';
+        buf[dl + 1..dl + 1 + f.len()].copy_from_slice(f);
+        NameBuf { buf }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        let end = self.buf.iter().position(|&b| b == 0).unwrap_or(NAME_BUF);
+        &self.buf[..end]
+    }
+
+    pub(crate) fn new(name: &[u8]) -> Option<Self> {
+        if name.len() >= NAME_BUF || name.contains(&0) {
+            return None;
+        }
+        let mut buf = [0u8; NAME_BUF];
+        buf[..name.len()].copy_from_slice(name);
+        Some(NameBuf { buf })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const libc::c_char {
+        self.buf.as_ptr().cast()
+    }
+
+    /// The name up to its NUL (every constructor leaves one: names are shorter than the
+    /// buffer).
+    pub(crate) fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(c"")
+    }
+}
+
+const _: () = assert!(NAME_CAP <= NAME_BUF);
+
+/// One I/O request.
+pub(crate) enum OpKind {
+    /// Write `data` at `offset` of `file`; short writes are continued until all is written.
+    Write {
+        file: Arc<FileHandle>,
+        offset: u64,
+        data: WriteData,
+    },
+    /// `unlinkat(dir, name, rmdir ? AT_REMOVEDIR : 0)`.
+    Unlink {
+        dir: Arc<FileHandle>,
+        name: NameBuf,
+        rmdir: bool,
+        point: FaultPoint,
+    },
+}
+
+pub(crate) struct Op {
+    pub kind: OpKind,
+    pub sink: Arc<dyn OpSink>,
+    pub token: u64,
+}
+
+impl Op {
+    fn fault_point(&self) -> FaultPoint {
+        match &self.kind {
+            OpKind::Write { .. } => FaultPoint::IoWrite,
+            OpKind::Unlink { point, .. } => *point,
+        }
+    }
+
+    /// Reports the outcome to the op's sink, then drops the op (its buffer and file: the
+    /// kernel is done with them). A panic in the sink (a host's waker, a debug assertion) is
+    /// caught and logged: it must not take down an I/O thread, whose other ops' waiters would
+    /// otherwise wait forever. Sinks update their own state before anything that can panic
+    /// (a writer's in-flight count before its waker), so their waiters still see the outcome.
+    pub(crate) fn complete(self, res: io::Result<usize>) {
+        let Op { kind, sink, token } = self;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sink.complete(token, res);
+        }));
+        drop(kind);
+        if let Err(p) = r {
+            let what = p
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic");
+            tracing::error!(
+                panic = what,
+                "an I/O completion handler panicked; the I/O thread goes on"
+            );
+        }
+    }
+}
+
+/// Consults the fault plan for an op about to run on a backend.
+pub(crate) fn injected(plan: &Option<Arc<FaultPlan>>, op: &Op) -> Injected {
+    fault::check(plan, op.fault_point())
+}
+
+/// What a skipped op reports: the bytes a write would have moved, 0 otherwise.
+pub(crate) fn skip_len(kind: &OpKind) -> usize {
+    match kind {
+        OpKind::Write { data, .. } => data.len(),
+        OpKind::Unlink { .. } => 0,
+    }
+}
+
+/// `head` then `tail` after their first `done` bytes.
+fn slices_after<'a>(head: &'a [u8], tail: &'a [u8], done: usize) -> (&'a [u8], &'a [u8]) {
+    if done < head.len() {
+        (&head[done..], tail)
+    } else {
+        (&tail[done - head.len()..], &[])
+    }
+}
+
+/// The iovecs of `head` then `tail` after the first `done` bytes, and how many are in use.
+pub(crate) fn iovecs_after(head: &[u8], tail: &[u8], done: usize) -> ([libc::iovec; 2], u32) {
+    let (a, b) = slices_after(head, tail, done);
+    let iov = |s: &[u8]| libc::iovec {
+        iov_base: s.as_ptr() as *mut libc::c_void,
+        iov_len: s.len(),
+    };
+    ([iov(a), iov(b)], if b.is_empty() { 1 } else { 2 })
+}
+
+/// Writes `head` then `tail` at `offset` with `pwritev`, continuing short writes.
+pub(crate) fn pwrite_all(
+    fd: BorrowedFd<'_>,
+    head: &[u8],
+    tail: &[u8],
+    offset: u64,
+) -> io::Result<usize> {
+    let total = head.len() + tail.len();
+    let mut done = 0usize;
+    while done < total {
+        let (a, b) = slices_after(head, tail, done);
+        let iov = [io::IoSlice::new(a), io::IoSlice::new(b)];
+        let cnt = if b.is_empty() { 1 } else { 2 };
+        let n = match crate::sys::rw::pwritev(fd, &iov[..cnt], offset + done as u64) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        done += n;
+    }
+    Ok(total)
+}
