@@ -199,9 +199,7 @@ fn execute(
         let t0 = Instant::now();
         let engine = Engine::open(crate::run::engine_config(&a.workload, root))
             .map_err(|e| format!("reopen: {e}"))?;
-        if let Some(why) =
-            crate::run::backend_mismatch(a.workload.backend, engine.backend().as_str())
-        {
+        if let Some(why) = crate::run::backend_mismatch(a.workload.backend, engine.backend()) {
             st.bad("backend", why, format!("kill {k}: reopened engine"));
         }
         backends.insert(engine.backend().as_str());

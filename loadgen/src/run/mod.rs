@@ -134,18 +134,18 @@ pub fn remove_fresh_root(root: &Path, w: &Workload, who: &str) -> bool {
     }
 }
 
-/// The name of the backend that `Engine::backend` reports for `b`, or `None` for `auto`.
-pub fn backend_name(b: Backend) -> Option<&'static str> {
+/// The backend that `Engine::backend` reports for `b`, or `None` for `auto`.
+pub fn backend_wanted(b: Backend) -> Option<spillring::Backend> {
     match b {
         Backend::Auto => None,
-        Backend::Uring => Some("io_uring"),
-        Backend::Psync => Some("psync"),
+        Backend::Uring => Some(spillring::Backend::IoUring),
+        Backend::Psync => Some(spillring::Backend::Psync),
     }
 }
 
 /// Why the backend that runs is not the one asked for, if it is not.
-pub fn backend_mismatch(asked: Backend, ran: &str) -> Option<String> {
-    let want = backend_name(asked)?;
+pub fn backend_mismatch(asked: Backend, ran: spillring::Backend) -> Option<String> {
+    let want = backend_wanted(asked)?;
     (ran != want).then(|| format!("--backend {want} was asked for, but the engine runs on {ran}"))
 }
 
@@ -211,12 +211,13 @@ mod tests {
 
     #[test]
     fn a_backend_asked_for_must_be_the_one_that_runs() {
-        assert_eq!(backend_mismatch(Backend::Auto, "io_uring"), None);
-        assert_eq!(backend_mismatch(Backend::Auto, "psync"), None);
-        assert_eq!(backend_mismatch(Backend::Uring, "io_uring"), None);
-        assert_eq!(backend_mismatch(Backend::Psync, "psync"), None);
-        let why = backend_mismatch(Backend::Uring, "psync").unwrap();
+        use spillring::Backend::{IoUring, Psync};
+        assert_eq!(backend_mismatch(Backend::Auto, IoUring), None);
+        assert_eq!(backend_mismatch(Backend::Auto, Psync), None);
+        assert_eq!(backend_mismatch(Backend::Uring, IoUring), None);
+        assert_eq!(backend_mismatch(Backend::Psync, Psync), None);
+        let why = backend_mismatch(Backend::Uring, Psync).unwrap();
         assert!(why.contains("io_uring") && why.contains("psync"), "{why}");
-        assert!(backend_mismatch(Backend::Psync, "io_uring").is_some());
+        assert!(backend_mismatch(Backend::Psync, IoUring).is_some());
     }
 }

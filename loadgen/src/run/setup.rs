@@ -52,7 +52,7 @@ pub(super) fn setup(
         cfg = cfg.fault_plan(p.clone());
     }
     let engine = Engine::open(cfg).map_err(|e| format!("open engine: {e}"))?;
-    let backend = engine.backend().as_str();
+    let backend = engine.backend();
     let backend_wrong = backend_mismatch(w.backend, backend);
     if !a.crash_child {
         out.line(&format!(
@@ -122,7 +122,7 @@ pub(super) fn setup(
         engine,
         plan,
         published_dir,
-        backend,
+        backend: backend.as_str(),
     };
     Ok((s, watcher))
 }
