@@ -22,11 +22,13 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, one per concept: [`Engine`] (engine.rs), [`TaskSpill`] (task.rs), [`SpillWriter`]
-//! (writer.rs), [`SpilledState`] (state.rs), [`SpillReader`] (reader.rs), the ticket ledger
-//! (ledger.rs), the cleanup worker (cleanup.rs), the crash sweep (sweep.rs), the segment
-//! format (segment.rs), the I/O layer (io.rs with io/uring.rs and io/psync.rs), and the
-//! syscall layer (sys/: every syscall outside io_uring, as safe functions on rustix).
+//! The crate is a stack of layers, each importing only from those below it (ARCHITECTURE.md in
+//! the repository draws it): leaves (`error`, `config`, `metrics`, `fault`, `sync`), `format`
+//! (the on-disk bytes), `sys` (every syscall outside io_uring, as safe functions on rustix),
+//! `io` (lanes, staging buffers, the reaper, the psync and io_uring backends), `store` (the
+//! ticket ledger, roots, directories, the cleanup queue), `core` (what the threads share),
+//! `cleanup` (the delete path, the retry worker, the crash sweep), `spill` ([`TaskSpill`],
+//! [`SpillWriter`], [`SpilledState`], [`SpillReader`]) and `engine` ([`Engine`]).
 //!
 //! `unsafe` is denied everywhere but in `io` (the io_uring backend) and `sys`.
 

@@ -1,4 +1,4 @@
-//! Process directories (DESIGN invariant 8): each engine holds an advisory lock (`flock`) on
+//! Process directories (invariant 8 in ARCHITECTURE.md): each engine holds an advisory lock (`flock`) on
 //! its own process directory under every root for its whole life. At open, sibling directories
 //! whose lock can be taken belong to dead processes: they are renamed into the new engine's own
 //! (locked) directory at once, and the cleanup worker deletes them in the background

@@ -1,7 +1,7 @@
 //! What other threads touch: the writer's abort hook and file list, and its in-flight
 //! accounting.
 //!
-//! The abort protocol (DESIGN invariant 2): the writer's abort hook, registered with the task
+//! The abort protocol (invariant 2 in ARCHITECTURE.md): the writer's abort hook, registered with the task
 //! scope, sets the abort flag and takes the file list under one lock, then deletes the files.
 //! After every file creation the writer takes that lock and checks the flag: if set, it deletes
 //! the file it just made and fails with `Aborted`; if not, it records the file under the same

@@ -5,7 +5,7 @@
 //! out without a copy (a vectored write of frame header + payload). `write` blocks only when
 //! `queue_depth` writes of this writer are in flight.
 //!
-//! The abort protocol (DESIGN invariant 2) is explained in `hook.rs`: the scope's abort hook
+//! The abort protocol (invariant 2 in ARCHITECTURE.md) is explained in `hook.rs`: the scope's abort hook
 //! and the writer's check under the file-list lock after every file creation give every file
 //! exactly one deleter.
 //!

@@ -67,7 +67,7 @@ struct Created {
 
 impl SpillWriter {
     /// Creates the next segment: ticket first, then the file, then the abort check under the
-    /// file-list lock (DESIGN invariant 2). Tries the next healthy root when a root's create
+    /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a root's create
     /// fails with a device error.
     pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
         let reserve = self.segment_reserve(need);
@@ -242,7 +242,7 @@ impl SpillWriter {
         Ok(Created { r, fd, allocated })
     }
 
-    /// Records the new file under the abort check (DESIGN invariant 2) and returns its index in
+    /// Records the new file under the abort check (invariant 2 in ARCHITECTURE.md) and returns its index in
     /// the file list and its descriptor. If the hook ran meanwhile, deletes it: `Aborted`.
     fn record_segment(&self, made: Created) -> Result<(usize, OwnedFd)> {
         let Created { r, fd, .. } = made;
