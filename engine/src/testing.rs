@@ -44,8 +44,8 @@ pub struct ParsedSegment {
 }
 
 /// Parses segment `segment` of engine `engine` the way a reader does, with the crate's own
-/// header and frame parsers: the header, then records up to `end`, the segment's written
-/// length. `buf` is the file: shorter than `end` if it was truncated, longer if padded.
+/// header and frame parsers: the header, then records (of the header's generation) up to
+/// `end`, the segment's written length. `buf` is the file: shorter than `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
     let mut out = ParsedSegment {
         records: Vec::new(),
@@ -62,10 +62,10 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
         Ok(h) if h.segment != segment || h.engine != engine => {
             out.damage = Some((0, "header names another segment or engine"));
         }
-        Ok(_) => {
+        Ok(h) => {
             let mut off = crate::format::segment::HEADER_LEN;
             loop {
-                match crate::format::segment::next_frame(buf, off, end) {
+                match crate::format::segment::next_frame(buf, off, end, h.generation) {
                     Ok(Some(f)) => {
                         out.records.push(f.start..f.end);
                         off = f.end;
@@ -82,12 +82,12 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
     out
 }
 
-/// A valid segment: the header of segment `segment` of engine `engine`, then `records`, framed
-/// as the writer frames them.
+/// A valid segment: the header of segment `segment` of engine `engine` (generation 0), then
+/// `records`, framed as the writer frames them.
 pub fn encode_segment(segment: u32, engine: u64, records: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::from(crate::format::segment::encode_header(segment, engine));
+    let mut v = Vec::from(crate::format::segment::encode_header(segment, engine, 0));
     for r in records {
-        v.extend_from_slice(&crate::format::segment::frame_header(r));
+        v.extend_from_slice(&crate::format::segment::frame_header(r, 0));
         v.extend_from_slice(r);
     }
     v

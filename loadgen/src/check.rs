@@ -142,13 +142,16 @@ pub fn file_id(p: &Path) -> io::Result<FileId> {
 }
 
 /// Parses published segment files, in order, with loadgen's own parser of the documented
-/// format (header, then `len u32 | crc32c u32 | payload` frames, then zero padding in direct
-/// mode), and compares every record with what was written.
+/// format (header, then `len u32 | crc32c u32 | payload` frames whose CRC-32C covers the
+/// header's generation, the length and the payload, then zero padding in direct mode), and
+/// compares every record with what was written.
 pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), String> {
     let mut i = 0usize;
     for p in paths {
         let buf = std::fs::read(p).map_err(|e| format!("{}: read: {e}", p.display()))?;
-        segment::parse_header(&buf).map_err(|e| format!("{}: header: {e}", p.display()))?;
+        let header =
+            segment::parse_header(&buf).map_err(|e| format!("{}: header: {e}", p.display()))?;
+        let generation = header.generation.to_le_bytes();
         let mut off = HEADER_LEN;
         while off + 8 <= buf.len() {
             let len = u32::from_le_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]);
@@ -174,7 +177,8 @@ pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), Stri
                 ));
             }
             let payload = &buf[off + 8..end];
-            let want = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+            let head = crc32c::crc32c_append(crc32c::crc32c(&generation), &len.to_le_bytes());
+            let want = crc32c::crc32c_append(head, payload);
             if want != crc {
                 return Err(format!("{}: CRC mismatch at offset {off}", p.display()));
             }

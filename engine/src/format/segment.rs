@@ -5,15 +5,19 @@
 //!   0  magic      b"SPILLRNG"
 //!   8  version    u16 LE (1)
 //!  10  header_len u16 LE (64)
-//!  12  segment    u32 LE   segment number within the task directory
+//!  12  segment    u32 LE   segment number (the file's name)
 //!  16  engine     u64 LE   id of the engine that wrote it
-//!  24  reserved   36 zero bytes
+//!  24  generation u32 LE   which use of the file this is (a pooled file is reused)
+//!  28  reserved   32 zero bytes
 //!  60  crc        u32 LE   CRC-32C of bytes 0..60
 //! records, back to back
 //!   0  len        u32 LE   payload length
-//!   4  crc        u32 LE   CRC-32C of len (4 bytes LE) then payload
+//!   4  crc        u32 LE   CRC-32C of generation (4 bytes LE), len (4 bytes LE), payload
 //!   8  payload
 //! ```
+//!
+//! The generation is bound into every frame's checksum, so a record left in a recycled file by
+//! an earlier use never parses as one of this use's records.
 //!
 //! The writer knows each segment's logical length; in direct mode the file is padded with
 //! zeros to 4 KiB past it. A reader parses exactly the logical length, so a torn or truncated
@@ -32,14 +36,15 @@ pub const VERSION: u16 = 1;
 
 const MAGIC: &[u8; 8] = b"SPILLRNG";
 
-/// The header of segment `segment` written by engine `engine`.
-pub(crate) fn encode_header(segment: u32, engine: u64) -> [u8; HEADER_LEN] {
+/// The header of use `generation` of segment `segment`, written by engine `engine`.
+pub(crate) fn encode_header(segment: u32, engine: u64, generation: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..8].copy_from_slice(MAGIC);
     h[8..10].copy_from_slice(&VERSION.to_le_bytes());
     h[10..12].copy_from_slice(&(HEADER_LEN as u16).to_le_bytes());
     h[12..16].copy_from_slice(&segment.to_le_bytes());
     h[16..24].copy_from_slice(&engine.to_le_bytes());
+    h[24..28].copy_from_slice(&generation.to_le_bytes());
     let crc = crc32c::crc32c(&h[..60]);
     h[60..64].copy_from_slice(&crc.to_le_bytes());
     h
@@ -52,6 +57,8 @@ pub struct SegmentHeader {
     pub segment: u32,
     /// Id of the engine that wrote it.
     pub engine: u64,
+    /// Which use of the file this is.
+    pub generation: u32,
     /// Format version.
     pub version: u16,
 }
@@ -80,15 +87,25 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
         engine: u64::from_le_bytes([
             buf[16], buf[17], buf[18], buf[19], buf[20], buf[21], buf[22], buf[23],
         ]),
+        generation: u32::from_le_bytes([buf[24], buf[25], buf[26], buf[27]]),
         version,
     })
 }
 
-/// The frame header for `payload`.
+/// The checksum of a frame: generation, length, payload.
 #[inline]
-pub(crate) fn frame_header(payload: &[u8]) -> [u8; FRAME_LEN] {
+fn frame_crc(generation: u32, len: [u8; 4], payload: &[u8]) -> u32 {
+    let mut head = [0u8; 8];
+    head[..4].copy_from_slice(&generation.to_le_bytes());
+    head[4..].copy_from_slice(&len);
+    crc32c::crc32c_append(crc32c::crc32c(&head), payload)
+}
+
+/// The frame header for `payload` in use `generation` of a segment.
+#[inline]
+pub(crate) fn frame_header(payload: &[u8], generation: u32) -> [u8; FRAME_LEN] {
     let len = (payload.len() as u32).to_le_bytes();
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&len), payload);
+    let crc = frame_crc(generation, len, payload);
     let mut f = [0u8; FRAME_LEN];
     f[0..4].copy_from_slice(&len);
     f[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -115,10 +132,16 @@ pub(crate) struct Damage {
     pub detail: &'static str,
 }
 
-/// Parses the record at `off` in `buf`, whose written data ends at `end` (the segment's
-/// logical length). `buf` may be shorter than `end` (a truncated file): a record that crosses
-/// its end is reported as damage at the record's offset. `Ok(None)` exactly at `end`.
-pub(crate) fn next_frame(buf: &[u8], off: usize, end: usize) -> Result<Option<Frame>, Damage> {
+/// Parses the record at `off` in `buf` (use `generation` of a segment), whose written data ends
+/// at `end` (the segment's logical length). `buf` may be shorter than `end` (a truncated file):
+/// a record that crosses its end is reported as damage at the record's offset. `Ok(None)`
+/// exactly at `end`.
+pub(crate) fn next_frame(
+    buf: &[u8],
+    off: usize,
+    end: usize,
+    generation: u32,
+) -> Result<Option<Frame>, Damage> {
     if off == end {
         return Ok(None);
     }
@@ -148,7 +171,8 @@ pub(crate) fn next_frame(buf: &[u8], off: usize, end: usize) -> Result<Option<Fr
         return Err(damage("segment truncated inside a record"));
     }
     let payload = &buf[start..start + len];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[off..off + 4]), payload);
+    let len_bytes = [buf[off], buf[off + 1], buf[off + 2], buf[off + 3]];
+    let crc = frame_crc(generation, len_bytes, payload);
     if crc != stored {
         return Err(damage("record checksum mismatch"));
     }
@@ -223,9 +247,12 @@ mod tests {
 
     #[test]
     fn header_round_trip_and_damage() {
-        let h = encode_header(7, 0xABCD);
+        let h = encode_header(7, 0xABCD, 42);
         let p = parse_header(&h).unwrap();
-        assert_eq!((p.segment, p.engine, p.version), (7, 0xABCD, VERSION));
+        assert_eq!(
+            (p.segment, p.engine, p.generation, p.version),
+            (7, 0xABCD, 42, VERSION)
+        );
         let mut bad = h;
         bad[13] ^= 1;
         assert_eq!(parse_header(&bad), Err("header checksum mismatch"));
@@ -236,13 +263,13 @@ mod tests {
     fn frames_detect_corruption_and_truncation() {
         let mut buf = Vec::new();
         for p in [&b"hello"[..], b"", b"world!"] {
-            buf.extend_from_slice(&frame_header(p));
+            buf.extend_from_slice(&frame_header(p, 5));
             buf.extend_from_slice(p);
         }
         let end = buf.len();
         let mut off = 0;
         let mut got = Vec::new();
-        while let Some(f) = next_frame(&buf, off, end).unwrap() {
+        while let Some(f) = next_frame(&buf, off, end, 5).unwrap() {
             got.push(buf[f.start..f.end].to_vec());
             off = f.end;
         }
@@ -251,7 +278,7 @@ mod tests {
         let mut bad = buf.clone();
         bad[FRAME_LEN + 1] ^= 0x40; // inside "hello"
         assert_eq!(
-            next_frame(&bad, 0, end),
+            next_frame(&bad, 0, end, 5),
             Err(Damage {
                 offset: 0,
                 detail: "record checksum mismatch"
@@ -261,28 +288,44 @@ mod tests {
         let second = FRAME_LEN + 5;
         let third = second + FRAME_LEN;
         assert_eq!(
-            next_frame(&buf, third, end - 2).unwrap_err().detail,
+            next_frame(&buf, third, end - 2, 5).unwrap_err().detail,
             "record runs past the end of the segment"
         );
         assert_eq!(
-            next_frame(&buf, third, third + 3).unwrap_err().detail,
+            next_frame(&buf, third, third + 3, 5).unwrap_err().detail,
             "truncated record frame"
         );
         // The file was cut short: the record crossing the cut is damage at its offset.
         assert_eq!(
-            next_frame(&buf[..end - 2], third, end).unwrap_err(),
+            next_frame(&buf[..end - 2], third, end, 5).unwrap_err(),
             Damage {
                 offset: third as u64,
                 detail: "segment truncated inside a record"
             }
         );
         assert_eq!(
-            next_frame(&buf[..third], third, end).unwrap_err().detail,
+            next_frame(&buf[..third], third, end, 5).unwrap_err().detail,
             "segment truncated: the file ends before its written length"
         );
         // A zero-filled tail (direct-mode padding read as data) is never a valid record.
         let zeros = [0u8; 16];
-        assert!(next_frame(&zeros, 0, 16).is_err());
+        assert!(next_frame(&zeros, 0, 16, 0).is_err());
+        assert!(next_frame(&zeros, 0, 16, 5).is_err());
+    }
+
+    /// A record of an earlier use of a recycled file never parses in a later use, even when it
+    /// sits exactly where a record of the later use would start.
+    #[test]
+    fn a_frame_of_another_generation_is_damage() {
+        let p = b"an earlier use";
+        let mut buf = frame_header(p, 1).to_vec();
+        buf.extend_from_slice(p);
+        let end = buf.len();
+        assert!(next_frame(&buf, 0, end, 1).unwrap().is_some());
+        assert_eq!(
+            next_frame(&buf, 0, end, 2).unwrap_err().detail,
+            "record checksum mismatch"
+        );
     }
 
     #[test]

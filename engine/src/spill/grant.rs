@@ -202,10 +202,13 @@ impl StateInner {
         self.files.is_aborted()
     }
 
-    /// Where segment `i` is and its written length; `None` once the files are gone.
-    pub(crate) fn segment(&self, i: usize) -> Option<(Arc<TaskDir>, u32, u64)> {
-        self.files
-            .with_entries(|es| es.get(i).map(|e| (e.dir.clone(), e.seg, e.len)))
+    /// Where segment `i` is, its written length and its generation; `None` once the files
+    /// are gone.
+    pub(crate) fn segment(&self, i: usize) -> Option<(Arc<TaskDir>, u32, u64, u32)> {
+        self.files.with_entries(|es| {
+            es.get(i)
+                .map(|e| (e.dir.clone(), e.seg, e.len, e.generation))
+        })
     }
 
     pub(crate) fn segment_count(&self) -> usize {

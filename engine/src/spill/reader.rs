@@ -64,6 +64,8 @@ struct Mapped {
     /// The segment's written length (the map is shorter if the file was truncated).
     end: usize,
     seg: u32,
+    /// This use of the file: every frame's checksum binds it.
+    generation: u32,
     /// The segment's directory, for the path in an error (built only then).
     dir: Arc<TaskDir>,
 }
@@ -136,7 +138,7 @@ impl SpillReader {
         loop {
             let state = &self.grant.0;
             if let Some(m) = self.cur.as_mut() {
-                match segment::next_frame(&m.bytes, m.off, m.end) {
+                match segment::next_frame(&m.bytes, m.off, m.end, m.generation) {
                     Ok(Some(f)) => {
                         m.off = f.end;
                         let c = &state.core().counters;
@@ -176,7 +178,7 @@ impl SpillReader {
             return Err(self.aborted());
         }
         // Gone only through an abort: a reader's grant keeps the files otherwise.
-        let Some((dir, seg, written)) = state.segment(i) else {
+        let Some((dir, seg, written, generation)) = state.segment(i) else {
             return Err(self.aborted());
         };
         let name = SegmentFileName::new(seg);
@@ -230,6 +232,9 @@ impl SpillReader {
         if hdr.segment != seg || hdr.engine != core.id {
             return Err(corrupt(0, "header names another segment or engine"));
         }
+        if hdr.generation != generation {
+            return Err(corrupt(0, "header is of another use of this file"));
+        }
         let bytes = Bytes::from_owner(MapOwner {
             map: Some(map),
             reaper: core.io.reaper().clone(),
@@ -239,6 +244,7 @@ impl SpillReader {
             off: HEADER_LEN,
             end,
             seg,
+            generation,
             dir,
         })
     }

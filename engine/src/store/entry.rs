@@ -22,6 +22,8 @@ pub(crate) struct SegmentEntry {
     /// Bytes allocated to the file up front (direct mode, `preallocate`) that the writer has
     /// not yet given back; 0 once trimmed or if none. The ticket holds at least this much.
     pub allocated: u64,
+    /// Which use of the file this is (in its header and every frame's checksum).
+    pub generation: u32,
     /// `None` only once the entry ended (release or retain).
     ticket: Option<Ticket>,
 }
@@ -33,8 +35,15 @@ impl SegmentEntry {
             seg,
             len: 0,
             allocated: 0,
+            generation: 0,
             ticket: Some(ticket),
         }
+    }
+
+    /// The same entry for use `generation` of its file.
+    pub(crate) fn with_generation(mut self, generation: u32) -> Self {
+        self.generation = generation;
+        self
     }
 
     pub(crate) fn path(&self) -> PathBuf {

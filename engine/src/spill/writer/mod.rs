@@ -25,7 +25,7 @@ use crate::config::WriteMode;
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
-use crate::format::segment::{self, MAX_RECORD};
+use crate::format::segment::MAX_RECORD;
 use crate::io::IoBuf;
 use crate::metrics::Counters;
 use crate::spill::state::SpilledState;
@@ -149,8 +149,7 @@ impl SpillWriter {
         }
         self.check_open()?;
         check_len(record.len())?;
-        let frame = segment::frame_header(record);
-        let r = self.place_slice(&frame, record);
+        let r = self.place_slice(record);
         self.settle(r)
     }
 

@@ -28,11 +28,11 @@ pub(super) struct Placing {
 
 impl Placing {
     pub(super) fn new(rec: Bytes, vectored: bool) -> Self {
-        let frame = segment::frame_header(&rec);
         Placing {
             vectored,
             rec,
-            frame,
+            // Set once the target segment (whose generation the checksum binds) is open.
+            frame: [0; FRAME_LEN],
             done: 0,
             planned: false,
         }
@@ -57,6 +57,7 @@ impl SpillWriter {
         if !p.planned {
             ready_ok!(self.plan(need, wait));
             p.planned = true;
+            p.frame = segment::frame_header(&p.rec, self.generation());
         }
         if p.vectored {
             ready_ok!(self.flush_staging(wait, false));
@@ -94,19 +95,25 @@ impl SpillWriter {
         Poll::Ready(Ok(()))
     }
 
-    pub(super) fn place_slice(&mut self, frame: &[u8; FRAME_LEN], rec: &[u8]) -> Result<()> {
+    pub(super) fn place_slice(&mut self, rec: &[u8]) -> Result<()> {
         let need = segment::framed_len(rec.len());
         let w = &mut Wait::Block;
         blocking(self.plan(need, w))?;
+        let frame = segment::frame_header(rec, self.generation());
         let mut done = 0;
         while done < FRAME_LEN + rec.len() {
-            blocking(self.copy_some(frame, rec, &mut done, w))?;
+            blocking(self.copy_some(&frame, rec, &mut done, w))?;
         }
         if let Some(s) = self.seg.as_mut() {
             s.logical += need;
         }
         self.count_record(rec.len());
         Ok(())
+    }
+
+    /// The generation of the open segment (the one a record just planned goes to).
+    pub(super) fn generation(&self) -> u32 {
+        self.seg.as_ref().map_or(0, |s| s.generation)
     }
 
     pub(super) fn count_record(&self, len: usize) {

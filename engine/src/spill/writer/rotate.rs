@@ -30,6 +30,8 @@ pub(super) struct OpenSegment {
     pub(super) logical: u64,
     /// File offset of the staging buffer's first byte.
     pub(super) staged_at: u64,
+    /// This use of the file (in its header and every frame's checksum).
+    pub(super) generation: u32,
 }
 
 /// A failed attempt to create a segment on one root.
@@ -63,6 +65,8 @@ struct Created {
     fd: OwnedFd,
     /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
     allocated: u64,
+    /// This use of the file: 0 for a new file.
+    generation: u32,
 }
 
 impl SpillWriter {
@@ -81,9 +85,9 @@ impl SpillWriter {
                 Err(f) => return Err(f.err),
             }
         };
-        let (seg, allocated) = (made.r.seg, made.allocated);
+        let (seg, allocated, generation) = (made.r.seg, made.allocated, made.generation);
         let (entry_index, fd) = self.record_segment(made)?;
-        self.start_segment(fd, seg, entry_index, allocated, reserve)
+        self.start_segment(fd, seg, entry_index, allocated, reserve, generation)
     }
 
     /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
@@ -239,13 +243,20 @@ impl SpillWriter {
                 next_root,
             });
         }
-        Ok(Created { r, fd, allocated })
+        Ok(Created {
+            r,
+            fd,
+            allocated,
+            generation: 0,
+        })
     }
 
     /// Records the new file under the abort check (invariant 2 in ARCHITECTURE.md) and returns its index in
     /// the file list and its descriptor. If the hook ran meanwhile, deletes it: `Aborted`.
     fn record_segment(&self, made: Created) -> Result<(usize, OwnedFd)> {
-        let Created { r, fd, .. } = made;
+        let Created {
+            r, fd, generation, ..
+        } = made;
         // The write-after-delete window: a scope closed right here must not leave this file.
         let task_plan = self.task.fault_plan();
         let _ = fault::check2(
@@ -256,7 +267,7 @@ impl SpillWriter {
         match self
             .shared
             .files
-            .record(SegmentEntry::new(r.dir.clone(), r.seg, r.ticket))
+            .record(SegmentEntry::new(r.dir.clone(), r.seg, r.ticket).with_generation(generation))
         {
             Ok(i) => Ok((i, fd)),
             Err(entry) => {
@@ -277,6 +288,7 @@ impl SpillWriter {
         entry_index: usize,
         allocated: u64,
         reserve: u64,
+        generation: u32,
     ) -> Result<()> {
         let file = FileHandle::new(fd, self.core.io.reaper().clone());
         let mut buf = self
@@ -285,7 +297,7 @@ impl SpillWriter {
             .pool()
             .get()
             .map_err(|e| SpillError::io("allocate buffer", "", e))?;
-        buf.push(&segment::encode_header(seg, self.core.id));
+        buf.push(&segment::encode_header(seg, self.core.id, generation));
         self.staging = Some(buf);
         self.seg = Some(OpenSegment {
             entry_index,
@@ -294,6 +306,7 @@ impl SpillWriter {
             file,
             logical: HEADER_LEN as u64,
             staged_at: 0,
+            generation,
         });
         Ok(())
     }

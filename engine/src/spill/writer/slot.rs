@@ -50,7 +50,9 @@ impl RecordSlot<'_> {
                     return Err(w.fail(SpillError::WriterFailed));
                 };
                 let space = buf.space();
-                let frame = segment::frame_header(&space[at + FRAME_LEN..at + FRAME_LEN + len]);
+                let generation = w.seg.as_ref().map_or(0, |s| s.generation);
+                let frame =
+                    segment::frame_header(&space[at + FRAME_LEN..at + FRAME_LEN + len], generation);
                 space[at..at + FRAME_LEN].copy_from_slice(&frame);
                 buf.len = at + FRAME_LEN + len;
                 if let Some(s) = w.seg.as_mut() {
