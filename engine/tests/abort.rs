@@ -1,6 +1,7 @@
 //! The abort protocol and staged ownership (DESIGN invariants 2, 5, 6), on both backends.
 //! After each scenario: no file under the root, no ticket held, no fd leaked.
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -8,261 +9,247 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use spillring::{Bytes, Engine, FaultPlan, FaultPoint, SpillError};
+use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint, SpillError};
+
+per_backend!(
+    cancel_between_file_creation_and_abort_check,
+    cancel_mid_write_with_writes_in_flight,
+    cancel_while_reader_is_between_segments,
+    hand_off_to_a_closed_scope_closes_the_state_on_the_spot,
+    close_is_idempotent_and_deletes_everything_once,
+    dropping_the_last_task_handle_aborts_its_writers,
+    dropping_an_unfinished_writer_deletes_its_files,
+    an_empty_writer_finishes_into_an_empty_state,
+);
 
 const T: Duration = Duration::from_secs(10);
 
-#[test]
-fn cancel_between_file_creation_and_abort_check() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let fds = fd_count();
-        let task = engine.task("window").unwrap();
-        let plan = FaultPlan::new(1);
-        task.set_fault_plan(plan.clone());
-        let mut w = task.writer().unwrap();
-        w.write(Bytes::from(record(0, 1000))).unwrap(); // segment 0, normally
-        let pause = plan.pause_once(FaultPoint::WriterAfterCreate);
-        let (tx, rx) = mpsc::channel();
-        let h = thread::spawn(move || {
-            let mut i = 1;
-            let err = loop {
-                if let Err(e) = w.write(Bytes::from(record(i, 10_000))) {
-                    break e;
-                }
-                i += 1;
-            };
-            tx.send(err).unwrap();
-        });
-        assert!(pause.wait_reached(T), "writer never reached the window");
-        // The writer created segment 1 and stopped before its abort check.
-        assert_eq!(segment_files(dir.path()), 2);
-        task.cancel();
-        pause.release();
-        let err = rx.recv_timeout(T).expect("writer did not return");
-        h.join().unwrap();
-        assert!(matches!(err, SpillError::Aborted), "{err}");
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(
-            m.late_files_deleted, 1,
-            "the late file is deleted by its writer"
-        );
-        assert_eq!(m.aborts_observed, 1);
-        assert_eq!(m.files_deleted, m.segments_created);
-        assert_eq!(m.files_already_absent, 0, "a file was deleted twice");
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
+fn cancel_between_file_creation_and_abort_check(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let fds = fd_count();
+    let task = engine.task("window").unwrap();
+    let plan = FaultPlan::new(1);
+    task.set_fault_plan(plan.clone());
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from(record(0, 1000))).unwrap(); // segment 0, normally
+    let pause = plan.pause_once(FaultPoint::WriterAfterCreate);
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let mut i = 1;
+        let err = loop {
+            if let Err(e) = w.write(Bytes::from(record(i, 10_000))) {
+                break e;
+            }
+            i += 1;
+        };
+        tx.send(err).unwrap();
     });
+    assert!(pause.wait_reached(T), "writer never reached the window");
+    // The writer created segment 1 and stopped before its abort check.
+    assert_eq!(segment_files(dir.path()), 2);
+    task.cancel();
+    pause.release();
+    let err = rx.recv_timeout(T).expect("writer did not return");
+    h.join().unwrap();
+    assert!(matches!(err, SpillError::Aborted), "{err}");
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(
+        m.late_files_deleted, 1,
+        "the late file is deleted by its writer"
+    );
+    assert_eq!(m.aborts_observed, 1);
+    assert_eq!(m.files_deleted, m.segments_created);
+    assert_eq!(m.files_already_absent, 0, "a file was deleted twice");
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn cancel_mid_write_with_writes_in_flight() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(2);
-        let engine =
-            Engine::open(cfg(dir.path(), b).queue_depth(4).fault_plan(plan.clone())).unwrap();
-        let fds = fd_count();
-        let task = engine.task("inflight").unwrap();
-        // The I/O thread stops at its first write: everything after it stays in flight.
-        let pause = plan.pause_once(FaultPoint::IoWrite);
-        let mut w = task.writer().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let h = thread::spawn(move || {
-            let mut i = 0;
-            let err = loop {
-                if let Err(e) = w.write(Bytes::from(record(i, 64 << 10))) {
-                    break e;
-                }
-                i += 1;
-            };
-            tx.send((err, i)).unwrap();
-        });
-        assert!(pause.wait_reached(T));
-        // The writer fills its budget and blocks; give it time to get there.
-        assert!(
-            rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "writer should be blocked on its in-flight budget"
-        );
-        task.cancel();
-        // The cancel wakes the blocked writer while the device is still stuck.
-        let (err, written) = rx
-            .recv_timeout(T)
-            .expect("cancel did not unblock the writer");
-        assert!(matches!(err, SpillError::Aborted), "{err}");
-        // Four 64 KiB staging buffers in flight hold three framed 64 KiB records.
-        assert!(written >= 3, "only {written} records were queued");
-        pause.release();
-        h.join().unwrap();
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.aborts_observed, 1);
-        assert_eq!(m.files_already_absent, 0);
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
+fn cancel_mid_write_with_writes_in_flight(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(2);
+    let engine = Engine::open(cfg(dir.path(), b).queue_depth(4).fault_plan(plan.clone())).unwrap();
+    let fds = fd_count();
+    let task = engine.task("inflight").unwrap();
+    // The I/O thread stops at its first write: everything after it stays in flight.
+    let pause = plan.pause_once(FaultPoint::IoWrite);
+    let mut w = task.writer().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let mut i = 0;
+        let err = loop {
+            if let Err(e) = w.write(Bytes::from(record(i, 64 << 10))) {
+                break e;
+            }
+            i += 1;
+        };
+        tx.send((err, i)).unwrap();
     });
+    assert!(pause.wait_reached(T));
+    // The writer fills its budget and blocks; give it time to get there.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "writer should be blocked on its in-flight budget"
+    );
+    task.cancel();
+    // The cancel wakes the blocked writer while the device is still stuck.
+    let (err, written) = rx
+        .recv_timeout(T)
+        .expect("cancel did not unblock the writer");
+    assert!(matches!(err, SpillError::Aborted), "{err}");
+    // Four 64 KiB staging buffers in flight hold three framed 64 KiB records.
+    assert!(written >= 3, "only {written} records were queued");
+    pause.release();
+    h.join().unwrap();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.aborts_observed, 1);
+    assert_eq!(m.files_already_absent, 0);
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn cancel_while_reader_is_between_segments() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
-        let fds = fd_count();
-        let task = engine.task("reader").unwrap();
-        let mut w = task.writer().unwrap();
-        // 64 records of 1000 bytes (+8 framing) fill a 64 KiB segment after its 64-byte header.
-        for i in 0..300 {
-            w.write(Bytes::from(record(i, 1000))).unwrap();
-        }
-        let state = w.finish().unwrap();
-        assert_eq!(state.segments(), 5);
-        let mut r = state.reader().unwrap();
-        let mut other = state.clone().into_reader().unwrap();
-        for i in 0..64 {
-            assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
-        }
-        task.cancel();
-        // Let the deletes land: the files are gone, and still the reader says Aborted.
-        assert!(engine.settle(T));
-        assert_eq!(segment_files(dir.path()), 0);
-        assert!(matches!(r.next_record(), Err(SpillError::Aborted)));
-        assert!(matches!(other.next_record(), Err(SpillError::Aborted)));
-        assert!(matches!(state.reader(), Err(SpillError::Aborted)));
-        assert!(state.is_aborted());
-        drop((r, other, state));
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.files_deleted, 5);
-        assert_eq!(m.files_already_absent, 0);
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
-    });
+fn cancel_while_reader_is_between_segments(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
+    let fds = fd_count();
+    let task = engine.task("reader").unwrap();
+    let mut w = task.writer().unwrap();
+    // 64 records of 1000 bytes (+8 framing) fill a 64 KiB segment after its 64-byte header.
+    for i in 0..300 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    let state = w.finish().unwrap();
+    assert_eq!(state.segments(), 5);
+    let mut r = state.reader().unwrap();
+    let mut other = state.clone().into_reader().unwrap();
+    for i in 0..64 {
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
+    }
+    task.cancel();
+    // Let the deletes land: the files are gone, and still the reader says Aborted.
+    assert!(engine.settle(T));
+    assert_eq!(segment_files(dir.path()), 0);
+    assert!(matches!(r.next_record(), Err(SpillError::Aborted)));
+    assert!(matches!(other.next_record(), Err(SpillError::Aborted)));
+    assert!(matches!(state.reader(), Err(SpillError::Aborted)));
+    assert!(state.is_aborted());
+    drop((r, other, state));
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.files_deleted, 5);
+    assert_eq!(m.files_already_absent, 0);
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn hand_off_to_a_closed_scope_closes_the_state_on_the_spot() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let fds = fd_count();
-        let task = engine.task("handoff").unwrap();
-        let plan = FaultPlan::new(3);
-        task.set_fault_plan(plan.clone());
-        let pause = plan.pause_once(FaultPoint::WriterHandOff);
-        let mut w = task.writer().unwrap();
-        for i in 0..100 {
-            w.write(Bytes::from(record(i, 5000))).unwrap();
-        }
-        let h = thread::spawn(move || w.finish());
-        assert!(pause.wait_reached(T));
-        // The writer gave its files to the new state and has not registered it yet.
-        task.cancel();
-        pause.release();
-        let r = h.join().unwrap();
-        assert!(matches!(r, Err(SpillError::Aborted)), "{r:?}");
-        let m = assert_clean(&engine, dir.path());
-        assert!(m.segments_created >= 2);
-        assert_eq!(m.files_deleted, m.segments_created);
-        assert_eq!(m.files_already_absent, 0);
-        // And a closed scope takes no new writer.
-        assert!(matches!(task.writer(), Err(SpillError::Closed { .. })));
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
-    });
+fn hand_off_to_a_closed_scope_closes_the_state_on_the_spot(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let fds = fd_count();
+    let task = engine.task("handoff").unwrap();
+    let plan = FaultPlan::new(3);
+    task.set_fault_plan(plan.clone());
+    let pause = plan.pause_once(FaultPoint::WriterHandOff);
+    let mut w = task.writer().unwrap();
+    for i in 0..100 {
+        w.write(Bytes::from(record(i, 5000))).unwrap();
+    }
+    let h = thread::spawn(move || w.finish());
+    assert!(pause.wait_reached(T));
+    // The writer gave its files to the new state and has not registered it yet.
+    task.cancel();
+    pause.release();
+    let r = h.join().unwrap();
+    assert!(matches!(r, Err(SpillError::Aborted)), "{r:?}");
+    let m = assert_clean(&engine, dir.path());
+    assert!(m.segments_created >= 2);
+    assert_eq!(m.files_deleted, m.segments_created);
+    assert_eq!(m.files_already_absent, 0);
+    // And a closed scope takes no new writer.
+    assert!(matches!(task.writer(), Err(SpillError::Closed { .. })));
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn close_is_idempotent_and_deletes_everything_once() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let fds = fd_count();
-        let task = engine.task("twice").unwrap();
-        let mut w1 = task.writer().unwrap();
-        for i in 0..200 {
-            w1.write(Bytes::from(record(i, 4000))).unwrap();
-        }
-        let state = w1.finish().unwrap();
-        let reader = state.reader().unwrap();
-        let mut w2 = task.writer().unwrap();
-        for i in 0..200 {
-            w2.write(Bytes::from(record(i, 4000))).unwrap();
-        }
-        let clone = task.clone();
-        task.close();
-        task.close();
-        clone.cancel();
-        assert!(task.is_closed() && clone.is_closed());
-        assert!(matches!(
-            w2.write(Bytes::from_static(b"x")),
-            Err(SpillError::Aborted)
-        ));
-        assert!(matches!(w2.finish(), Err(SpillError::WriterFailed)));
-        assert!(matches!(state.reader(), Err(SpillError::Aborted)));
-        drop((reader, state));
-        drop((task, clone));
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.files_deleted, m.segments_created);
-        assert_eq!(m.files_already_absent, 0, "a file was deleted twice");
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
-    });
+fn close_is_idempotent_and_deletes_everything_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let fds = fd_count();
+    let task = engine.task("twice").unwrap();
+    let mut w1 = task.writer().unwrap();
+    for i in 0..200 {
+        w1.write(Bytes::from(record(i, 4000))).unwrap();
+    }
+    let state = w1.finish().unwrap();
+    let reader = state.reader().unwrap();
+    let mut w2 = task.writer().unwrap();
+    for i in 0..200 {
+        w2.write(Bytes::from(record(i, 4000))).unwrap();
+    }
+    let clone = task.clone();
+    task.close();
+    task.close();
+    clone.cancel();
+    assert!(task.is_closed() && clone.is_closed());
+    assert!(matches!(
+        w2.write(Bytes::from_static(b"x")),
+        Err(SpillError::Aborted)
+    ));
+    assert!(matches!(w2.finish(), Err(SpillError::WriterFailed)));
+    assert!(matches!(state.reader(), Err(SpillError::Aborted)));
+    drop((reader, state));
+    drop((task, clone));
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.files_deleted, m.segments_created);
+    assert_eq!(m.files_already_absent, 0, "a file was deleted twice");
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn dropping_the_last_task_handle_aborts_its_writers() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let task = engine.task("drop").unwrap();
-        let mut w = task.writer().unwrap();
-        for i in 0..100 {
-            w.write(Bytes::from(record(i, 5000))).unwrap();
-        }
-        drop(task);
-        assert!(matches!(
-            w.write(Bytes::from_static(b"x")),
-            Err(SpillError::Aborted)
-        ));
-        drop(w);
-        assert_clean(&engine, dir.path());
-    });
+fn dropping_the_last_task_handle_aborts_its_writers(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let task = engine.task("drop").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..100 {
+        w.write(Bytes::from(record(i, 5000))).unwrap();
+    }
+    drop(task);
+    assert!(matches!(
+        w.write(Bytes::from_static(b"x")),
+        Err(SpillError::Aborted)
+    ));
+    drop(w);
+    assert_clean(&engine, dir.path());
 }
 
-#[test]
-fn dropping_an_unfinished_writer_deletes_its_files() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let task = engine.task("abandon").unwrap();
-        let mut w = task.writer().unwrap();
-        for i in 0..100 {
-            w.write(Bytes::from(record(i, 5000))).unwrap();
-        }
-        assert!(w.segments() >= 2);
-        drop(w);
-        assert!(engine.settle(T));
-        assert_eq!(segment_files(dir.path()), 0);
-        // The scope is still open and usable.
-        let mut w = task.writer().unwrap();
-        w.write(Bytes::from_static(b"still works")).unwrap();
-        let st = w.finish().unwrap();
-        let mut r = st.reader().unwrap();
-        assert_eq!(&r.next_record().unwrap().unwrap()[..], b"still works");
-        assert!(r.next_record().unwrap().is_none());
-        drop((r, st));
-        task.close();
-        assert_clean(&engine, dir.path());
-    });
+fn dropping_an_unfinished_writer_deletes_its_files(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let task = engine.task("abandon").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..100 {
+        w.write(Bytes::from(record(i, 5000))).unwrap();
+    }
+    assert!(w.segments() >= 2);
+    drop(w);
+    assert!(engine.settle(T));
+    assert_eq!(segment_files(dir.path()), 0);
+    // The scope is still open and usable.
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from_static(b"still works")).unwrap();
+    let st = w.finish().unwrap();
+    let mut r = st.reader().unwrap();
+    assert_eq!(&r.next_record().unwrap().unwrap()[..], b"still works");
+    assert!(r.next_record().unwrap().is_none());
+    drop((r, st));
+    task.close();
+    assert_clean(&engine, dir.path());
 }
 
-#[test]
-fn an_empty_writer_finishes_into_an_empty_state() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let task = engine.task("empty").unwrap();
-        let st = task.writer().unwrap().finish().unwrap();
-        assert_eq!(st.segments(), 0);
-        assert!(st.reader().unwrap().next_record().unwrap().is_none());
-        drop(st);
-        task.close();
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.segments_created, 0);
-    });
+fn an_empty_writer_finishes_into_an_empty_state(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let task = engine.task("empty").unwrap();
+    let st = task.writer().unwrap().finish().unwrap();
+    assert_eq!(st.segments(), 0);
+    assert!(st.reader().unwrap().next_record().unwrap().is_none());
+    drop(st);
+    task.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.segments_created, 0);
 }

@@ -1,93 +1,93 @@
 //! Ticket before file (DESIGN invariant 1): a full ledger refuses the create with a typed error,
 //! no file appears, the writer keeps what it wrote, and capacity returns after deletes.
 
+#[macro_use]
 mod common;
 use common::*;
 
-use spillring::{Bytes, Engine, SpillError};
+use spillring::{BackendKind, Bytes, Engine, SpillError};
 
-#[test]
-fn ledger_full_refuses_the_next_rotation_and_reopens() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine =
-            Engine::open(cfg(dir.path(), b).segment_size(64 << 10).ticket_capacity(2)).unwrap();
-        let fds = fd_count();
-        let task = engine.task("full").unwrap();
-        let mut w = task.writer().unwrap();
-        let mut written = 0u64;
-        let err = loop {
-            match w.write(Bytes::from(record(written, 1000))) {
-                Ok(()) => written += 1,
-                Err(e) => break e,
-            }
-        };
-        assert!(
-            matches!(err, SpillError::LedgerFull { capacity: 2 }),
-            "{err}"
-        );
-        // 64 records fit a segment: two segments' worth went in, the 129th was refused.
-        assert_eq!(written, 128);
-        assert!(engine.settle(std::time::Duration::from_secs(5)));
-        assert_eq!(
-            segment_files(dir.path()),
-            2,
-            "the refused create made no file"
-        );
-        let m = engine.metrics();
-        assert_eq!(m.tickets_used, 2);
-        assert_eq!(m.admission_failures, 1);
-        // Nothing was lost: the writer still finishes with every record it accepted.
-        let state = w.finish().unwrap();
-        // A second writer is refused too while the ledger is full.
-        let mut w2 = task.writer().unwrap();
-        assert!(matches!(
-            w2.write(Bytes::from_static(b"x")),
-            Err(SpillError::LedgerFull { .. })
-        ));
-        let mut r = state.reader().unwrap();
-        for i in 0..written {
-            assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
+per_backend!(
+    ledger_full_refuses_the_next_rotation_and_reopens,
+    a_record_larger_than_a_segment_gets_a_segment_of_its_own,
+);
+
+fn ledger_full_refuses_the_next_rotation_and_reopens(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine =
+        Engine::open(cfg(dir.path(), b).segment_size(64 << 10).ticket_capacity(2)).unwrap();
+    let fds = fd_count();
+    let task = engine.task("full").unwrap();
+    let mut w = task.writer().unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        match w.write(Bytes::from(record(written, 1000))) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
         }
-        assert!(r.next_record().unwrap().is_none());
-        drop((r, state));
-        // Capacity reopens once the deletes are confirmed, and the refused writer retries.
-        assert!(engine.settle(std::time::Duration::from_secs(5)));
-        assert_eq!(engine.metrics().tickets_used, 0);
-        w2.write(Bytes::from_static(b"x")).unwrap();
-        let st2 = w2.finish().unwrap();
-        assert_eq!(
-            &st2.reader().unwrap().next_record().unwrap().unwrap()[..],
-            b"x"
-        );
-        drop(st2);
-        task.close();
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.tickets_high_water, 2);
-        assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
-    });
+    };
+    assert!(
+        matches!(err, SpillError::LedgerFull { capacity: 2 }),
+        "{err}"
+    );
+    // 64 records fit a segment: two segments' worth went in, the 129th was refused.
+    assert_eq!(written, 128);
+    assert!(engine.settle(std::time::Duration::from_secs(5)));
+    assert_eq!(
+        segment_files(dir.path()),
+        2,
+        "the refused create made no file"
+    );
+    let m = engine.metrics();
+    assert_eq!(m.tickets_used, 2);
+    assert_eq!(m.admission_failures, 1);
+    // Nothing was lost: the writer still finishes with every record it accepted.
+    let state = w.finish().unwrap();
+    // A second writer is refused too while the ledger is full.
+    let mut w2 = task.writer().unwrap();
+    assert!(matches!(
+        w2.write(Bytes::from_static(b"x")),
+        Err(SpillError::LedgerFull { .. })
+    ));
+    let mut r = state.reader().unwrap();
+    for i in 0..written {
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
+    }
+    assert!(r.next_record().unwrap().is_none());
+    drop((r, state));
+    // Capacity reopens once the deletes are confirmed, and the refused writer retries.
+    assert!(engine.settle(std::time::Duration::from_secs(5)));
+    assert_eq!(engine.metrics().tickets_used, 0);
+    w2.write(Bytes::from_static(b"x")).unwrap();
+    let st2 = w2.finish().unwrap();
+    assert_eq!(
+        &st2.reader().unwrap().next_record().unwrap().unwrap()[..],
+        b"x"
+    );
+    drop(st2);
+    task.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.tickets_high_water, 2);
+    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
 }
 
-#[test]
-fn a_record_larger_than_a_segment_gets_a_segment_of_its_own() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
-        let task = engine.task("big").unwrap();
-        let mut w = task.writer().unwrap();
-        w.write(Bytes::from(record(1, 100))).unwrap();
-        w.write(Bytes::from(record(2, 300 << 10))).unwrap();
-        w.write(Bytes::from(record(3, 100))).unwrap();
-        let st = w.finish().unwrap();
-        assert_eq!(st.segments(), 3);
-        let mut r = st.reader().unwrap();
-        for (i, len) in [(1, 100), (2, 300 << 10), (3, 100)] {
-            assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, len)[..]);
-        }
-        drop((r, st));
-        task.close();
-        assert_clean(&engine, dir.path());
-    });
+fn a_record_larger_than_a_segment_gets_a_segment_of_its_own(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
+    let task = engine.task("big").unwrap();
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from(record(1, 100))).unwrap();
+    w.write(Bytes::from(record(2, 300 << 10))).unwrap();
+    w.write(Bytes::from(record(3, 100))).unwrap();
+    let st = w.finish().unwrap();
+    assert_eq!(st.segments(), 3);
+    let mut r = st.reader().unwrap();
+    for (i, len) in [(1, 100), (2, 300 << 10), (3, 100)] {
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, len)[..]);
+    }
+    drop((r, st));
+    task.close();
+    assert_clean(&engine, dir.path());
 }
 
 #[test]

@@ -2,14 +2,24 @@
 //! records that keep their tickets and nothing else, rotation of failed records, immediate
 //! drain after a success, and bounded shutdown. On both backends.
 
+#[macro_use]
 mod common;
 use common::*;
 
 use std::time::{Duration, Instant};
 
 use spillring::{
-    Bytes, Engine, FaultAction, FaultPlan, FaultPoint, SpillError, SpilledState, TaskSpill, Trigger,
+    BackendKind, Bytes, Engine, FaultAction, FaultPlan, FaultPoint, SpillError, SpilledState,
+    TaskSpill, Trigger,
 };
+
+per_backend!(
+    matrixone_regression_confirmed_batch_then_failed_batch,
+    ambiguous_delete_keeps_the_ticket_and_frees_buffers_and_fds,
+    failed_records_rotate_to_the_back,
+    eight_ready_records_drain_at_once_after_a_success,
+    shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it,
+);
 
 const T: Duration = Duration::from_secs(20);
 
@@ -53,243 +63,228 @@ fn queue_records(
     hold
 }
 
-#[test]
-fn matrixone_regression_confirmed_batch_then_failed_batch() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(1);
-        let engine = Engine::open(
-            cfg(dir.path(), b)
-                .segment_size(64 << 10)
-                .ticket_capacity(1001)
-                .cleanup_batch(1000)
-                .cleanup_retry_delay(Duration::from_millis(300))
-                .fault_plan(plan.clone()),
-        )
-        .unwrap();
-        let task = engine.task("mo").unwrap();
-        let hold = queue_records(&engine, &plan, &task, 1001);
-        assert_eq!(engine.metrics().tickets_used, 1001);
-        // Batch 1: 1,000 names, all confirmed. Batch 2: one name, which fails once.
-        plan.arm(
-            FaultPoint::CleanupUnlink,
-            FaultAction::Fail(libc::EIO),
-            Trigger::After {
-                skip: 1000,
-                times: 1,
-            },
-        );
-        let retries_before = engine.metrics().cleanup_retries;
-        hold.release();
-        wait_for("the failed one-name batch", || {
-            engine.metrics().cleanup_retries > retries_before
-        });
+fn matrixone_regression_confirmed_batch_then_failed_batch(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(1);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .ticket_capacity(1001)
+            .cleanup_batch(1000)
+            .cleanup_retry_delay(Duration::from_millis(300))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("mo").unwrap();
+    let hold = queue_records(&engine, &plan, &task, 1001);
+    assert_eq!(engine.metrics().tickets_used, 1001);
+    // Batch 1: 1,000 names, all confirmed. Batch 2: one name, which fails once.
+    plan.arm(
+        FaultPoint::CleanupUnlink,
+        FaultAction::Fail(libc::EIO),
+        Trigger::After {
+            skip: 1000,
+            times: 1,
+        },
+    );
+    let retries_before = engine.metrics().cleanup_retries;
+    hold.release();
+    wait_for("the failed one-name batch", || {
+        engine.metrics().cleanup_retries > retries_before
+    });
+    let m = engine.metrics();
+    assert_eq!(m.cleanup_released, 1000, "{m:?}");
+    assert_eq!(
+        m.tickets_used, 1,
+        "exactly the confirmed names released: {m:?}"
+    );
+    assert_eq!(m.cleanup_pending, 1);
+    assert_eq!(
+        files_under(dir.path())
+            .iter()
+            .filter(|p| p.to_string_lossy().ends_with(".bin"))
+            .count(),
+        1,
+        "the 1,000 confirmed files are physically gone, the failed one is not"
+    );
+    // The name becomes deletable (the fault was one-shot); the worker retries it after
+    // its delay, and capacity returns to full.
+    wait_for("the retry", || engine.metrics().cleanup_pending == 0);
+    task.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.cleanup_released, 1001);
+    assert_eq!(m.tickets_used, 0);
+    // Full capacity: 1,001 new segments fit again.
+    let t2 = engine.task("again").unwrap();
+    drop(spill_segments(&t2, 1001));
+    t2.close();
+    assert_clean(&engine, dir.path());
+}
+
+fn ambiguous_delete_keeps_the_ticket_and_frees_buffers_and_fds(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(2);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .ticket_capacity(21)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let fds = fd_count();
+    let task = engine.task("ambiguous").unwrap();
+    let st = spill_segments(&task, 20);
+    let mut r = st.reader().unwrap();
+    while r.next_record().unwrap().is_some() {}
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
+    drop((r, st));
+    task.close();
+    wait_for("records retained", || {
         let m = engine.metrics();
-        assert_eq!(m.cleanup_released, 1000, "{m:?}");
-        assert_eq!(
-            m.tickets_used, 1,
-            "exactly the confirmed names released: {m:?}"
-        );
-        assert_eq!(m.cleanup_pending, 1);
-        assert_eq!(
-            files_under(dir.path())
-                .iter()
-                .filter(|p| p.to_string_lossy().ends_with(".bin"))
-                .count(),
-            1,
-            "the 1,000 confirmed files are physically gone, the failed one is not"
-        );
-        // The name becomes deletable (the fault was one-shot); the worker retries it after
-        // its delay, and capacity returns to full.
-        wait_for("the retry", || engine.metrics().cleanup_pending == 0);
-        task.close();
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.cleanup_released, 1001);
-        assert_eq!(m.tickets_used, 0);
-        // Full capacity: 1,001 new segments fit again.
-        let t2 = engine.task("again").unwrap();
-        drop(spill_segments(&t2, 1001));
-        t2.close();
-        assert_clean(&engine, dir.path());
+        m.deletes_in_flight == 0 && m.cleanup_pending == 20
     });
+    let m = engine.metrics();
+    assert_eq!(m.tickets_used, 20, "unknown outcome: tickets kept");
+    assert_eq!(m.spill_bytes_in_use, 20 * 44 * 1024, "quota kept with them");
+    // No segment fd, no map, no directory fd beyond the engine's own: only names remain.
+    engine.settle(Duration::from_millis(50)); // flushes the reaper; the queue stays
+    let now = fd_count();
+    assert_eq!(now, fds, "fds held for retained names: {:#?}", fd_targets());
+    let report = engine.cleanup_report();
+    assert_eq!(report.pending, 20);
+    assert!(report.examples.iter().all(|p| p.exists()), "{report:?}");
+    // While the outage lasts, admission stops at the ledger instead of growing memory.
+    let t2 = engine.task("outage").unwrap();
+    let mut w = t2.writer().unwrap();
+    w.write(Bytes::from(record(0, 40 << 10))).unwrap(); // the 21st ticket
+    let e = w.write(Bytes::from(record(1, 40 << 10))).unwrap_err();
+    assert!(matches!(e, SpillError::LedgerFull { capacity: 21 }), "{e}");
+    drop(w);
+    t2.close();
+    wait_for("the failed deletes", || {
+        engine.metrics().deletes_in_flight == 0
+    });
+    plan.clear_all();
+    engine.retry_cleanup_now();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.cleanup_released, 21, "{m:?}");
+    assert_eq!(
+        m.files_deleted, 0,
+        "every file went through the worker: {m:?}"
+    );
 }
 
-#[test]
-fn ambiguous_delete_keeps_the_ticket_and_frees_buffers_and_fds() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(2);
-        let engine = Engine::open(
-            cfg(dir.path(), b)
-                .segment_size(64 << 10)
-                .ticket_capacity(21)
-                .cleanup_retry_delay(Duration::from_secs(3600))
-                .fault_plan(plan.clone()),
-        )
-        .unwrap();
-        let fds = fd_count();
-        let task = engine.task("ambiguous").unwrap();
-        let st = spill_segments(&task, 20);
-        let mut r = st.reader().unwrap();
-        while r.next_record().unwrap().is_some() {}
-        plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
-        plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
-        drop((r, st));
-        task.close();
-        wait_for("records retained", || {
-            let m = engine.metrics();
-            m.deletes_in_flight == 0 && m.cleanup_pending == 20
-        });
-        let m = engine.metrics();
-        assert_eq!(m.tickets_used, 20, "unknown outcome: tickets kept");
-        assert_eq!(m.spill_bytes_in_use, 20 * 44 * 1024, "quota kept with them");
-        // No segment fd, no map, no directory fd beyond the engine's own: only names remain.
-        engine.settle(Duration::from_millis(50)); // flushes the reaper; the queue stays
-        let now = fd_count();
-        assert_eq!(now, fds, "fds held for retained names: {:#?}", fd_targets());
-        let report = engine.cleanup_report();
-        assert_eq!(report.pending, 20);
-        assert!(report.examples.iter().all(|p| p.exists()), "{report:?}");
-        // While the outage lasts, admission stops at the ledger instead of growing memory.
-        let t2 = engine.task("outage").unwrap();
-        let mut w = t2.writer().unwrap();
-        w.write(Bytes::from(record(0, 40 << 10))).unwrap(); // the 21st ticket
-        let e = w.write(Bytes::from(record(1, 40 << 10))).unwrap_err();
-        assert!(matches!(e, SpillError::LedgerFull { capacity: 21 }), "{e}");
-        drop(w);
-        t2.close();
-        wait_for("the failed deletes", || {
-            engine.metrics().deletes_in_flight == 0
-        });
-        plan.clear_all();
-        engine.retry_cleanup_now();
-        let m = assert_clean(&engine, dir.path());
-        assert_eq!(m.cleanup_released, 21, "{m:?}");
-        assert_eq!(
-            m.files_deleted, 0,
-            "every file went through the worker: {m:?}"
-        );
-    });
+fn failed_records_rotate_to_the_back(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(3);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .cleanup_batch(1)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("rotate").unwrap();
+    let hold = queue_records(&engine, &plan, &task, 4);
+    let before = engine.cleanup_queue_snapshot();
+    assert_eq!(before.len(), 4);
+    // The first record's delete fails: it goes to the back, and the worker waits its delay.
+    plan.fail_times(FaultPoint::CleanupUnlink, libc::EIO, 1);
+    hold.release();
+    wait_for("the failure", || engine.metrics().cleanup_retries == 1);
+    let after = engine.cleanup_queue_snapshot();
+    let mut want = before[1..].to_vec();
+    want.push(before[0]);
+    assert_eq!(after, want, "the failed record rotates to the back");
+    // No record was deleted while the worker waits out its delay after a failure.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(engine.metrics().cleanup_released, 0);
+    engine.retry_cleanup_now();
+    task.close();
+    assert_clean(&engine, dir.path());
 }
 
-#[test]
-fn failed_records_rotate_to_the_back() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(3);
-        let engine = Engine::open(
-            cfg(dir.path(), b)
-                .segment_size(64 << 10)
-                .cleanup_batch(1)
-                .cleanup_retry_delay(Duration::from_secs(3600))
-                .fault_plan(plan.clone()),
-        )
-        .unwrap();
-        let task = engine.task("rotate").unwrap();
-        let hold = queue_records(&engine, &plan, &task, 4);
-        let before = engine.cleanup_queue_snapshot();
-        assert_eq!(before.len(), 4);
-        // The first record's delete fails: it goes to the back, and the worker waits its delay.
-        plan.fail_times(FaultPoint::CleanupUnlink, libc::EIO, 1);
-        hold.release();
-        wait_for("the failure", || engine.metrics().cleanup_retries == 1);
-        let after = engine.cleanup_queue_snapshot();
-        let mut want = before[1..].to_vec();
-        want.push(before[0]);
-        assert_eq!(after, want, "the failed record rotates to the back");
-        // No record was deleted while the worker waits out its delay after a failure.
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(engine.metrics().cleanup_released, 0);
-        engine.retry_cleanup_now();
-        task.close();
-        assert_clean(&engine, dir.path());
-    });
+fn eight_ready_records_drain_at_once_after_a_success(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(4);
+    let delay = Duration::from_secs(2);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .cleanup_batch(1) // one record per batch: any per-record wait would show
+            .cleanup_retry_delay(delay)
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("drain").unwrap();
+    let hold = queue_records(&engine, &plan, &task, 8);
+    let t = Instant::now();
+    hold.release();
+    wait_for("the drain", || engine.metrics().cleanup_pending == 0);
+    let took = t.elapsed();
+    assert!(
+        took < delay / 4,
+        "8 ready records took {took:?}: the worker must not wait between successes"
+    );
+    let m = engine.metrics();
+    assert_eq!((m.cleanup_released, m.cleanup_retries), (8, 0));
+    task.close();
+    assert_clean(&engine, dir.path());
 }
 
-#[test]
-fn eight_ready_records_drain_at_once_after_a_success() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(4);
-        let delay = Duration::from_secs(2);
-        let engine = Engine::open(
-            cfg(dir.path(), b)
-                .segment_size(64 << 10)
-                .cleanup_batch(1) // one record per batch: any per-record wait would show
-                .cleanup_retry_delay(delay)
-                .fault_plan(plan.clone()),
-        )
-        .unwrap();
-        let task = engine.task("drain").unwrap();
-        let hold = queue_records(&engine, &plan, &task, 8);
-        let t = Instant::now();
-        hold.release();
-        wait_for("the drain", || engine.metrics().cleanup_pending == 0);
-        let took = t.elapsed();
-        assert!(
-            took < delay / 4,
-            "8 ready records took {took:?}: the worker must not wait between successes"
-        );
-        let m = engine.metrics();
-        assert_eq!((m.cleanup_released, m.cleanup_retries), (8, 0));
-        task.close();
-        assert_clean(&engine, dir.path());
-    });
-}
-
-#[test]
-fn shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = FaultPlan::new(5);
-        let engine = Engine::open(
-            cfg(dir.path(), b)
-                .segment_size(64 << 10)
-                .cleanup_retry_delay(Duration::from_secs(3600))
-                .fault_plan(plan.clone()),
-        )
-        .unwrap();
-        let task = engine.task("leftover").unwrap();
-        let st = spill_segments(&task, 10);
-        let live = engine.task("live-at-shutdown").unwrap();
-        let mut live_w = live.writer().unwrap();
-        live_w.write(Bytes::from(record(0, 1000))).unwrap();
-        plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
-        plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
-        drop(st);
-        let t = Instant::now();
-        let report = engine.shutdown(Duration::from_millis(200));
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "shutdown overran its budget"
-        );
-        assert!(!report.drained, "{report:?}");
-        assert_eq!(report.cleanup_pending, 11, "{report:?}");
-        assert_eq!(report.tickets_held, 11);
-        // Admission is closed, and the scope still open at shutdown was aborted.
-        assert!(matches!(
-            engine.task("late"),
-            Err(SpillError::Closed { .. })
-        ));
-        assert!(matches!(live.writer(), Err(SpillError::Closed { .. })));
-        assert!(matches!(
-            live_w.write(Bytes::from_static(b"x")),
-            Err(SpillError::Aborted)
-        ));
-        assert_eq!(
-            engine.shutdown(Duration::ZERO).cleanup_pending,
-            11,
-            "idempotent"
-        );
-        let left = files_under(dir.path()).len();
-        assert_eq!(left, 11, "the undeleted files stay for the next open");
-        drop((live_w, live, task, engine));
-        // The next open (a fresh engine, no faults) claims the dead directory and sweeps it.
-        let next = open(dir.path(), b);
-        let m = assert_clean(&next, dir.path());
-        assert_eq!(m.orphan_files_swept, 11);
-        assert_eq!(m.orphan_dirs_swept, 1);
-    });
+fn shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(5);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("leftover").unwrap();
+    let st = spill_segments(&task, 10);
+    let live = engine.task("live-at-shutdown").unwrap();
+    let mut live_w = live.writer().unwrap();
+    live_w.write(Bytes::from(record(0, 1000))).unwrap();
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
+    drop(st);
+    let t = Instant::now();
+    let report = engine.shutdown(Duration::from_millis(200));
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "shutdown overran its budget"
+    );
+    assert!(!report.drained, "{report:?}");
+    assert_eq!(report.cleanup_pending, 11, "{report:?}");
+    assert_eq!(report.tickets_held, 11);
+    // Admission is closed, and the scope still open at shutdown was aborted.
+    assert!(matches!(
+        engine.task("late"),
+        Err(SpillError::Closed { .. })
+    ));
+    assert!(matches!(live.writer(), Err(SpillError::Closed { .. })));
+    assert!(matches!(
+        live_w.write(Bytes::from_static(b"x")),
+        Err(SpillError::Aborted)
+    ));
+    assert_eq!(
+        engine.shutdown(Duration::ZERO).cleanup_pending,
+        11,
+        "idempotent"
+    );
+    let left = files_under(dir.path()).len();
+    assert_eq!(left, 11, "the undeleted files stay for the next open");
+    drop((live_w, live, task, engine));
+    // The next open (a fresh engine, no faults) claims the dead directory and sweeps it.
+    let next = open(dir.path(), b);
+    let m = assert_clean(&next, dir.path());
+    assert_eq!(m.orphan_files_swept, 11);
+    assert_eq!(m.orphan_dirs_swept, 1);
 }
 
 #[test]

@@ -2,12 +2,18 @@
 //! record before the damage, then `Corrupt` naming the segment and the record's offset, and
 //! never a wrong byte.
 
+#[macro_use]
 mod common;
 use common::*;
 
 use std::io::{Seek, SeekFrom, Write};
 
-use spillring::{Bytes, Engine, SpillError, SpilledState, TaskSpill, WriteMode};
+use spillring::{BackendKind, Bytes, Engine, SpillError, SpilledState, TaskSpill, WriteMode};
+
+per_backend!(
+    damage_is_reported_where_it_is_buffered,
+    damage_is_reported_where_it_is_direct,
+);
 
 const REC: usize = 1000;
 const FRAMED: u64 = REC as u64 + 8;
@@ -138,14 +144,12 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode) {
     assert_eq!(m.files_deleted, 5);
 }
 
-#[test]
-fn damage_is_reported_where_it_is_buffered() {
-    each_backend(|b| damage_cases(b, WriteMode::Buffered));
+fn damage_is_reported_where_it_is_buffered(b: BackendKind) {
+    damage_cases(b, WriteMode::Buffered);
 }
 
-#[test]
-fn damage_is_reported_where_it_is_direct() {
-    each_backend(|b| damage_cases(b, WriteMode::Direct));
+fn damage_is_reported_where_it_is_direct(b: BackendKind) {
+    damage_cases(b, WriteMode::Direct);
 }
 
 /// The reader as an iterator yields every record in order, then ends; on a damaged segment it

@@ -2,6 +2,7 @@
 //! directory removed under a running writer. Each tmpfs lives in a private mount namespace of
 //! the test's own thread (CI runs as root; without CAP_SYS_ADMIN these tests fail, loudly).
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -9,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use std::time::Duration;
 
-use spillring::{Bytes, Engine, SpillError, WriteMode};
+use spillring::{BackendKind, Bytes, Engine, SpillError, WriteMode};
+
+per_backend!(spill_directory_removed_under_a_writer);
 
 fn fill_until_error(engine: &Engine, id: &str) -> (SpillError, u64) {
     let task = engine.task(id).unwrap();
@@ -119,39 +122,36 @@ fn read_only_root_is_a_typed_error() {
     }
 }
 
-#[test]
-fn spill_directory_removed_under_a_writer() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
-        let task = engine.task("removed").unwrap();
-        let mut w = task.writer().unwrap();
-        for i in 0..100 {
-            w.write(Bytes::from(record(i, 1000))).unwrap();
+fn spill_directory_removed_under_a_writer(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
+    let task = engine.task("removed").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..100 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    // An operator (or a bug elsewhere) removes the task's directory.
+    let pd = &engine.process_dirs()[0];
+    for d in std::fs::read_dir(pd).unwrap() {
+        std::fs::remove_dir_all(d.unwrap().path()).unwrap();
+    }
+    let err = loop {
+        if let Err(e) = w.write(Bytes::from(record(1, 1000))) {
+            break e;
         }
-        // An operator (or a bug elsewhere) removes the task's directory.
-        let pd = &engine.process_dirs()[0];
-        for d in std::fs::read_dir(pd).unwrap() {
-            std::fs::remove_dir_all(d.unwrap().path()).unwrap();
+    };
+    match &err {
+        SpillError::Io { op, source, .. } => {
+            assert_eq!(*op, "create", "{err}");
+            assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{err}");
         }
-        let err = loop {
-            if let Err(e) = w.write(Bytes::from(record(1, 1000))) {
-                break e;
-            }
-        };
-        match &err {
-            SpillError::Io { op, source, .. } => {
-                assert_eq!(*op, "create", "{err}");
-                assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{err}");
-            }
-            other => panic!("want Io(create, ENOENT), got {other}"),
-        }
-        // The writer never re-creates the deleted directory; the files it had are "already
-        // absent", which releases their tickets.
-        drop(w);
-        task.close();
-        let m = assert_clean(&engine, dir.path());
-        assert!(m.files_already_absent >= 1, "{m:?}");
-        assert!(!Path::new(pd).join("t0-removed").exists());
-    });
+        other => panic!("want Io(create, ENOENT), got {other}"),
+    }
+    // The writer never re-creates the deleted directory; the files it had are "already
+    // absent", which releases their tickets.
+    drop(w);
+    task.close();
+    let m = assert_clean(&engine, dir.path());
+    assert!(m.files_already_absent >= 1, "{m:?}");
+    assert!(!Path::new(pd).join("t0-removed").exists());
 }

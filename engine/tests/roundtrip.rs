@@ -1,11 +1,14 @@
 //! Round trips: records of random sizes (0 B..4 MiB) across many rotations, both write modes,
 //! both backends, byte for byte.
 
+#[macro_use]
 mod common;
 use common::*;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use spillring::{Bytes, Engine, WriteMode};
+use spillring::{BackendKind, Bytes, Engine, WriteMode};
+
+per_backend!(many_states_from_one_task_share_nothing);
 
 /// 10,000 record sizes: mostly small, some medium, a few up to 4 MiB (larger than the 1 MiB
 /// segments, so they get segments of their own), and some empty.
@@ -103,37 +106,34 @@ fn direct_psync() {
     round_trip(spillring::BackendKind::Psync, WriteMode::Direct);
 }
 
-#[test]
-fn many_states_from_one_task_share_nothing() {
-    each_backend(|b| {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = open(dir.path(), b);
-        let task = engine.task("multi").unwrap();
-        let states: Vec<_> = (0..5u64)
-            .map(|k| {
-                let mut w = task.writer().unwrap();
-                for i in 0..200 {
-                    w.write(Bytes::from(record(k * 1000 + i, 3000))).unwrap();
-                }
-                w.finish().unwrap()
-            })
-            .collect();
-        // Read them back in reverse, each from a clone (another grant).
-        for (k, st) in states.iter().enumerate().rev() {
-            let mut r = st.clone().into_reader().unwrap();
+fn many_states_from_one_task_share_nothing(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let task = engine.task("multi").unwrap();
+    let states: Vec<_> = (0..5u64)
+        .map(|k| {
+            let mut w = task.writer().unwrap();
             for i in 0..200 {
-                let rec = r.next_record().unwrap().unwrap();
-                assert_eq!(&rec[..], &record(k as u64 * 1000 + i, 3000)[..]);
+                w.write(Bytes::from(record(k * 1000 + i, 3000))).unwrap();
             }
-            assert!(r.next_record().unwrap().is_none());
+            w.finish().unwrap()
+        })
+        .collect();
+    // Read them back in reverse, each from a clone (another grant).
+    for (k, st) in states.iter().enumerate().rev() {
+        let mut r = st.clone().into_reader().unwrap();
+        for i in 0..200 {
+            let rec = r.next_record().unwrap().unwrap();
+            assert_eq!(&rec[..], &record(k as u64 * 1000 + i, 3000)[..]);
         }
-        // Files stay while any grant lives; dropping all of them deletes every file.
-        assert!(engine.settle(std::time::Duration::from_secs(5)));
-        assert!(!files_under(dir.path()).is_empty());
-        drop(states);
-        assert!(engine.settle(std::time::Duration::from_secs(5)));
-        assert_eq!(files_under(dir.path()), Vec::<std::path::PathBuf>::new());
-        task.close();
-        assert_clean(&engine, dir.path());
-    });
+        assert!(r.next_record().unwrap().is_none());
+    }
+    // Files stay while any grant lives; dropping all of them deletes every file.
+    assert!(engine.settle(std::time::Duration::from_secs(5)));
+    assert!(!files_under(dir.path()).is_empty());
+    drop(states);
+    assert!(engine.settle(std::time::Duration::from_secs(5)));
+    assert_eq!(files_under(dir.path()), Vec::<std::path::PathBuf>::new());
+    task.close();
+    assert_clean(&engine, dir.path());
 }

@@ -20,9 +20,6 @@ use std::time::Duration;
 
 use spillring::{BackendKind, Engine, EngineConfig, Metrics, WriteMode};
 
-/// Both backends, for tests of the ownership invariants.
-pub const BACKENDS: [BackendKind; 2] = [BackendKind::Uring, BackendKind::Psync];
-
 /// A small-segment config on `root` with the given backend.
 pub fn cfg(root: &Path, backend: BackendKind) -> EngineConfig {
     EngineConfig::new(root)
@@ -151,15 +148,6 @@ pub fn record(i: u64, len: usize) -> Vec<u8> {
     }
     v.truncate(len);
     v
-}
-
-/// Runs `f` once per backend, naming the backend on failure.
-pub fn each_backend(mut f: impl FnMut(BackendKind)) {
-    let _serial = serial();
-    for b in BACKENDS {
-        eprintln!("--- backend {b:?}");
-        f(b);
-    }
 }
 
 pub fn both_modes() -> [WriteMode; 2] {
