@@ -19,7 +19,7 @@ use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
 use crate::metrics::{Counters, Metrics};
 use crate::spill::task::{TaskShared, TaskSpill};
 use crate::store::Store;
-use crate::store::dir::{self, DirTable, ProcDir};
+use crate::store::dir::{self, ProcDir};
 use crate::store::ledger::Ledger;
 use crate::store::proc::{self, random_id};
 use crate::store::queue::CleanupQueue;
@@ -97,7 +97,7 @@ impl EngineInner {
             elapsed: start.elapsed(),
             cleanup_pending: core.store.cleanup.pending(),
             tickets_held: core.store.ledger.used() as u64,
-            directories_left: core.store.dirs.len() as u64,
+            directories_left: core.store.dirs_left() as u64,
             orphan_sweeps_left: core.store.cleanup.sweeps_pending(),
         }
     }
@@ -193,12 +193,11 @@ impl Engine {
                 return Err(SpillError::io("start io backend", PathBuf::new(), e));
             }
         };
-        let store = Store {
-            ledger: Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
-            dirs: DirTable::default(),
-            roots: Roots::new(cfg.roots.clone(), proc_dirs, cfg.root_skip),
-            cleanup: Arc::new(CleanupQueue::new()),
-        };
+        let store = Store::new(
+            Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
+            Roots::new(cfg.roots.clone(), proc_dirs, cfg.root_skip),
+            Arc::new(CleanupQueue::new()),
+        );
         let core = Arc::new(Core::new(cfg, id, io, store));
         for p in claimed {
             core.store.cleanup.sweep(p);

@@ -226,15 +226,10 @@ fn inv1_a_refused_create_makes_no_file_even_for_a_moment(b: BackendKind) {
     w.write(Bytes::from(record(0, 60 << 10))).unwrap();
     let held = plan.pause_once(FaultPoint::IoUnlink);
     let created = engine.metrics().segments_created;
-    // Watch the task's directory: a file made and unlinked at once still shows as a create.
-    let task_dir = dirs_under(dir.path())
-        .into_iter()
-        .find(|d| {
-            d.file_name()
-                .is_some_and(|n| n.to_string_lossy().contains("refused"))
-        })
-        .expect("the task directory");
-    let watch = Inotify::watch(&task_dir);
+    // Watch the directory the segments live in: a file made and unlinked at once still shows
+    // as a create.
+    let seg_dir = engine.process_dirs()[0].clone();
+    let watch = Inotify::watch(&seg_dir);
     let err = w.write(Bytes::from(record(1, 60 << 10))).unwrap_err();
     assert!(
         matches!(err, SpillError::LedgerFull { capacity: 1 }),

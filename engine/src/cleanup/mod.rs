@@ -27,9 +27,7 @@ use crate::fault::FaultPoint;
 use crate::format::segment::SegmentFileName;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
-use crate::store::dir::{DirEntry, DirNext};
 use crate::store::entry::SegmentEntry;
-use crate::store::queue::DIR_RECORD;
 use crate::sys::errno;
 
 /// What is left for the cleanup worker, for operators.
@@ -55,11 +53,7 @@ pub(crate) fn report(core: &Core) -> CleanupReport {
         .take(5)
         .filter_map(|r| {
             let d = core.store.dirs.get(r.dir)?;
-            Some(if r.seg == DIR_RECORD {
-                d.path.clone()
-            } else {
-                d.path.join(SegmentFileName::new(r.seg).as_str())
-            })
+            Some(d.path.join(SegmentFileName::new(r.seg).as_str()))
         })
         .collect();
     CleanupReport {
@@ -128,11 +122,11 @@ impl OpSink for DeleteBatch {
         match res {
             Ok(_) => {
                 Counters::add(&c.files_deleted, 1);
-                confirmed(&self.core, entry);
+                confirmed(entry);
             }
             Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
                 Counters::add(&c.files_already_absent, 1);
-                confirmed(&self.core, entry);
+                confirmed(entry);
             }
             Err(e) => {
                 if crate::io::is_abandoned(&e) {
@@ -153,57 +147,7 @@ impl OpSink for DeleteBatch {
     }
 }
 
-/// A file is confirmed gone: release its ticket and maybe remove its directory.
-fn confirmed(core: &Arc<Core>, entry: SegmentEntry) {
-    let dir = entry.release();
-    if dir.file_gone() == DirNext::Remove {
-        remove_dir(core, &dir.entry);
-    }
-}
-
-/// Queues the `rmdir` of a task directory whose scope is closed and whose files are gone.
-pub(crate) fn remove_dir(core: &Arc<Core>, dir: &Arc<DirEntry>) {
-    core.store.cleanup.begin(1);
-    Counters::add(&core.counters.deletes_in_flight, 1);
-    let sink = Arc::new(RmdirSink {
-        core: core.clone(),
-        dir: dir.clone(),
-    });
-    core.io.submit(
-        0,
-        Op {
-            kind: OpKind::Unlink {
-                dir: dir.parent.fd.clone(),
-                name: dir.name,
-                rmdir: true,
-                point: FaultPoint::IoUnlink,
-            },
-            sink,
-            token: 0,
-        },
-    );
-}
-
-struct RmdirSink {
-    core: Arc<Core>,
-    dir: Arc<DirEntry>,
-}
-
-impl OpSink for RmdirSink {
-    fn complete(&self, _token: u64, res: io::Result<usize>) {
-        match res {
-            Ok(_) => self.core.store.dirs.remove(&self.dir),
-            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
-                self.core.store.dirs.remove(&self.dir)
-            }
-            Err(e) => {
-                Counters::add(&self.core.counters.delete_failures, 1);
-                tracing::warn!(path = %self.dir.path.display(), error = %e,
-                    "task directory removal failed; handing it to the cleanup worker");
-                self.core.store.cleanup.retain_dir(&self.dir);
-            }
-        }
-        Counters::add(&self.core.counters.deletes_in_flight, u64::MAX); // -1, last (see above)
-        self.core.store.cleanup.end();
-    }
+/// A file is confirmed gone: release its ticket.
+fn confirmed(entry: SegmentEntry) {
+    drop(entry.release());
 }

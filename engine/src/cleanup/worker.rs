@@ -7,14 +7,12 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::remove_dir;
 use crate::core::Core;
 use crate::fault::FaultPoint;
 use crate::io::{Op, OpKind, OpSink};
 use crate::metrics::Counters;
-use crate::store::dir::{DirEntry, DirNext};
 use crate::store::ledger::RetainedTicket;
-use crate::store::queue::{DIR_RECORD, Record, Work};
+use crate::store::queue::{Record, Work};
 use crate::sync;
 use crate::sys::errno;
 
@@ -105,24 +103,18 @@ const INLINE_BATCH: usize = 64;
 fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
     let sink = Arc::new(WorkerBatch::new(n));
-    let mut dirs: Vec<Option<Arc<DirEntry>>> = Vec::with_capacity(n);
     for (i, r) in batch.iter().enumerate() {
         let dir = core.store.dirs.get(r.dir);
-        let op = dir.as_ref().map(|d| {
-            if r.seg == DIR_RECORD {
-                (d.parent.fd.clone(), d.name, true)
-            } else {
-                (d.parent.fd.clone(), d.segment_rel(r.seg), false)
-            }
-        });
-        dirs.push(dir);
+        let op = dir
+            .as_ref()
+            .map(|d| (d.parent.fd.clone(), d.segment_rel(r.seg)));
         match op {
-            Some((fd, name, rmdir)) => {
+            Some((fd, name)) => {
                 let op = Op {
                     kind: OpKind::Unlink {
                         dir: fd,
                         name,
-                        rmdir,
+                        rmdir: false,
                         point: FaultPoint::CleanupUnlink,
                     },
                     sink: sink.clone(),
@@ -148,7 +140,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     }
     let results = sink.wait();
     let mut failed = Vec::new();
-    for ((r, res), dir) in batch.into_iter().zip(results).zip(dirs) {
+    for (r, res) in batch.into_iter().zip(results) {
         let ok = match &res {
             Some(Ok(_)) => true,
             Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(errno::ENOENT),
@@ -164,21 +156,9 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             failed.push(r);
             continue;
         }
-        if r.seg == DIR_RECORD {
-            if let Some(d) = &dir {
-                core.store.dirs.remove(d);
-            }
-        } else {
-            core.store
-                .ledger
-                .release_retained(RetainedTicket::from_pages(r.pages));
-            if let Some(d) = dir
-                && d.file_gone() == DirNext::Remove
-            {
-                // Counted before this record ends (see `CleanupQueue::outstanding`).
-                remove_dir(core, &d);
-            }
-        }
+        core.store
+            .ledger
+            .release_retained(RetainedTicket::from_pages(r.pages));
         Counters::add(&core.counters.cleanup_released, 1);
         core.store.cleanup.record_done();
     }

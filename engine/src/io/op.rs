@@ -110,7 +110,7 @@ impl NameBuf {
         let d = dir.as_bytes();
         let f = n.as_cstr().to_bytes();
         let mut buf = [0u8; NAME_BUF];
-        // A directory name is at most ~70 bytes (t<seq>-<48 chars>) and a segment name 28.
+        // The directory part is "." (segments live flat) and a segment name is at most 28.
         let dl = d.len().min(NAME_BUF - 2 - f.len());
         buf[..dl].copy_from_slice(&d[..dl]);
         buf[dl] = b'/';
@@ -123,13 +123,11 @@ impl NameBuf {
         &self.buf[..end]
     }
 
-    pub(crate) fn new(name: &[u8]) -> Option<Self> {
-        if name.len() >= NAME_BUF || name.contains(&0) {
-            return None;
-        }
+    /// ".": the directory itself, so a [`NameBuf::joined`] name is relative to it.
+    pub(crate) fn dot() -> Self {
         let mut buf = [0u8; NAME_BUF];
-        buf[..name.len()].copy_from_slice(name);
-        Some(NameBuf { buf })
+        buf[0] = b'.';
+        NameBuf { buf }
     }
 
     pub(crate) fn as_ptr(&self) -> *const libc::c_char {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::cleanup::{delete_segments, remove_dir};
+use crate::cleanup::delete_segments;
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::format::segment::SegmentFileName;
@@ -20,7 +20,7 @@ use crate::metrics::Counters;
 use crate::spill::grant::{Grant, StateInner};
 use crate::spill::reader::SpillReader;
 use crate::spill::task::{Member, TaskShared};
-use crate::store::dir::{self, DirNext, TaskDir};
+use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
@@ -193,10 +193,7 @@ fn forget_published(
     for (i, e) in entries.into_iter().enumerate() {
         Counters::add(&core.counters.files_published, 1);
         out.push(dest.join(format!("{prefix}-{i:06}.bin")));
-        let dir = e.release();
-        if dir.file_gone() == DirNext::Remove {
-            remove_dir(core, &dir.entry);
-        }
+        drop(e.release());
     }
     out
 }

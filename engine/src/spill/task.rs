@@ -1,23 +1,20 @@
-//! A task's scope: its spill directories (one per root, made on first use) and its cleanup
-//! registry. Closing the scope (`close`, `cancel`, or dropping the last handle) closes
-//! everything registered, newest first, then removes the directories once their files are
-//! gone. Registering on a closed scope closes the resource on the spot and fails.
+//! A task's scope: its cleanup registry. Its segments live flat in the engine's process
+//! directory under each root (no directory per task: no mkdir, rmdir or directory fd on the
+//! hot path); the scope owns them through its registered writers and states. Closing the scope
+//! (`close`, `cancel`, or dropping the last handle) closes everything registered, newest
+//! first. Registering on a closed scope closes the resource on the spot and fails.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::cleanup::remove_dir;
 use crate::core::{Core, EngineGuard};
 use crate::error::{Result, SpillError};
 use crate::fault::FaultPlan;
-use crate::io::{FileHandle, NameBuf};
 use crate::spill::writer::SpillWriter;
-use crate::store::dir::{self, DirNext, TaskDir};
+use crate::store::dir::TaskDir;
 
 /// Something a scope closes when it closes.
 pub(crate) trait Member: Send + Sync {
@@ -41,7 +38,6 @@ pub(crate) struct TaskShared {
     /// Keeps the engine's threads alive while the scope lives.
     _engine: EngineGuard,
     registry: Mutex<Registry>,
-    dirs: Mutex<Vec<Option<Arc<TaskDir>>>>,
     cancelled: AtomicBool,
     seq: u64,
     fault: Mutex<Option<Arc<FaultPlan>>>,
@@ -51,6 +47,7 @@ impl std::fmt::Debug for TaskShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TaskShared")
             .field("id", &self.id)
+            .field("seq", &self.seq)
             .field("closed", &self.is_closed())
             .finish()
     }
@@ -107,7 +104,7 @@ impl TaskShared {
         Ok(id)
     }
 
-    /// Closes the scope: every member, newest first, then the directories. Idempotent.
+    /// Closes the scope: every member, newest first. Idempotent.
     pub(crate) fn close(&self, cancel: bool) {
         if cancel {
             self.cancelled.store(true, Ordering::Relaxed);
@@ -123,74 +120,16 @@ impl TaskShared {
         for (_, m) in members.into_iter().rev() {
             m.close_by_scope();
         }
-        let dirs = std::mem::take(&mut *self.dirs.lock());
-        let core = self.core();
-        for d in dirs.into_iter().flatten() {
-            if d.close() == DirNext::Remove {
-                remove_dir(core, &d.entry);
-            }
-        }
     }
 
-    /// This task's directory under root `root`, created on first use.
+    /// Where this task's segments go under root `root`: the engine's process directory there
+    /// (segments live flat in it; the scope owns its segments, not a directory).
     pub(crate) fn dir(&self, root: usize) -> Result<Arc<TaskDir>> {
-        let mut dirs = self.dirs.lock();
-        // Checked under the dirs lock: close() takes the dirs after marking the registry closed,
-        // so a directory made here is either seen and closed by close(), or not made at all.
         if self.is_closed() {
             return Err(SpillError::Aborted);
         }
-        if dirs.len() <= root {
-            dirs.resize(root + 1, None);
-        }
-        if let Some(d) = &dirs[root] {
-            return Ok(d.clone());
-        }
-        let core = self.core();
-        let proc_dir = core.store.roots.proc_dir(root)?;
-        let name = format!("t{}-{}", self.seq, sanitize(&self.id));
-        let path = proc_dir.path.join(&name);
-        let io_err = |op, e| SpillError::io(op, path.clone(), e);
-        let cname = CString::new(name.as_bytes()).map_err(|_| SpillError::InvalidName {
-            what: "task id",
-            name: self.id.clone(),
-            reason: "contains a NUL",
-        })?;
-        let nbuf = NameBuf::new(name.as_bytes()).ok_or_else(|| SpillError::InvalidName {
-            what: "task id",
-            name: self.id.clone(),
-            reason: "makes a task directory name too long",
-        })?;
-        dir::mkdir_at(proc_dir.fd.as_fd(), &cname).map_err(|e| io_err("create directory", e))?;
-        let fd = match dir::open_dir_at(proc_dir.fd.as_fd(), &cname) {
-            Ok(fd) => fd,
-            Err(e) => {
-                let _ = dir::unlink_at(proc_dir.fd.as_fd(), &cname, true);
-                return Err(io_err("open directory", e));
-            }
-        };
-        let d = Arc::new(TaskDir {
-            entry: core.store.dirs.insert(path.clone(), nbuf, proc_dir.clone()),
-            fd: FileHandle::new(fd, core.io.reaper().clone()),
-            cleanup: core.store.cleanup.clone(),
-        });
-        dirs[root] = Some(d.clone());
-        Ok(d)
+        self.core.store.root_dir(root)
     }
-}
-
-/// Keeps characters that are safe in a file name; at most 48 of them.
-fn sanitize(id: &str) -> String {
-    id.chars()
-        .take(48)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 /// Closes the scope when the last [`TaskSpill`] handle goes.
@@ -224,7 +163,6 @@ impl TaskSpill {
             core,
             _engine: engine,
             registry: Mutex::new(Registry::default()),
-            dirs: Mutex::new(Vec::new()),
             cancelled: AtomicBool::new(false),
             seq,
             fault: Mutex::new(None),

@@ -12,7 +12,8 @@ pub(crate) mod roots;
 
 use std::sync::Arc;
 
-use dir::DirTable;
+use crate::io::NameBuf;
+use dir::{DirTable, TaskDir};
 use ledger::Ledger;
 use queue::CleanupQueue;
 use roots::Roots;
@@ -27,4 +28,49 @@ pub(crate) struct Store {
     pub(crate) roots: Roots,
     /// Name-only records of deletes not confirmed, and orphan sweeps.
     pub(crate) cleanup: Arc<CleanupQueue>,
+    /// Where segments live: the process directory under each root, as a directory entry that
+    /// is never closed (so never removed while the engine runs).
+    root_dirs: Vec<Arc<TaskDir>>,
+}
+
+impl Store {
+    /// The store over `roots`: one directory entry per process directory, in which every
+    /// segment under that root lives.
+    pub(crate) fn new(ledger: Arc<Ledger>, roots: Roots, cleanup: Arc<CleanupQueue>) -> Self {
+        let dirs = DirTable::default();
+        let root_dirs = roots
+            .proc_dirs()
+            .iter()
+            .map(|pd| {
+                Arc::new(TaskDir {
+                    // Names are relative to the process directory itself ("./<segment>"): the
+                    // entry is never closed, so it is never removed through its parent.
+                    entry: dirs.insert(pd.path.clone(), NameBuf::dot(), pd.clone()),
+                    fd: pd.fd.clone(),
+                    cleanup: cleanup.clone(),
+                })
+            })
+            .collect();
+        Store {
+            ledger,
+            dirs,
+            roots,
+            cleanup,
+            root_dirs,
+        }
+    }
+
+    /// Where segments go under root `root`.
+    pub(crate) fn root_dir(&self, root: usize) -> crate::error::Result<Arc<TaskDir>> {
+        self.root_dirs
+            .get(root)
+            .cloned()
+            .ok_or_else(|| crate::error::SpillError::InvalidConfig(format!("no root {root}")))
+    }
+
+    /// Directory entries left besides the roots' own (always zero since segments live flat;
+    /// kept for the shutdown report).
+    pub(crate) fn dirs_left(&self) -> usize {
+        self.dirs.len().saturating_sub(self.root_dirs.len())
+    }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-pub(crate) use crate::store::dir::DIR_RECORD;
 use crate::store::dir::DirEntry;
 use crate::store::ledger::RetainedTicket;
 
@@ -99,16 +98,6 @@ impl CleanupQueue {
             dir: dir.index,
             seg,
             pages,
-            since: self.now_secs(),
-        });
-    }
-
-    /// Hands a directory whose `rmdir` failed to the worker.
-    pub(crate) fn retain_dir(&self, dir: &DirEntry) {
-        self.push(Record {
-            dir: dir.index,
-            seg: DIR_RECORD,
-            pages: 0,
             since: self.now_secs(),
         });
     }

@@ -48,14 +48,6 @@ impl Roots {
         &self.proc_dirs
     }
 
-    /// The process directory under root `root`.
-    pub(crate) fn proc_dir(&self, root: usize) -> Result<Arc<ProcDir>> {
-        self.proc_dirs
-            .get(root)
-            .cloned()
-            .ok_or_else(|| SpillError::InvalidConfig(format!("no root {root}")))
-    }
-
     /// The root for the next segment: round-robin over the roots not being skipped (or the
     /// next one anyway if every root is skipped).
     pub(crate) fn pick(&self) -> usize {

@@ -7,14 +7,14 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::SpillWriter;
-use crate::cleanup::{delete_segments, remove_dir};
+use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::FileHandle;
 use crate::metrics::Counters;
-use crate::store::dir::{self, DirNext, TaskDir};
+use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
 
@@ -144,11 +144,6 @@ impl SpillWriter {
                 path: dir.path.clone(),
             });
         };
-        if !dir.file_coming() {
-            // The scope closed the directory after our abort check: nothing was created.
-            drop(ticket);
-            return Err(SpillError::Aborted);
-        }
         Ok(Reserved {
             root,
             dir,
@@ -181,9 +176,6 @@ impl SpillWriter {
                     root, dir, ticket, ..
                 } = r;
                 drop(ticket);
-                if dir.file_gone() == DirNext::Remove {
-                    remove_dir(&self.core, &dir.entry);
-                }
                 let skipped = self.core.root_failed(root, &e);
                 Err(Failed {
                     err: SpillError::io("create", dir.path.join(name.as_str()), e),
