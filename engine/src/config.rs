@@ -113,6 +113,8 @@ pub struct EngineConfig {
     pub(crate) preallocate: bool,
     pub(crate) cleanup_retry_delay: Duration,
     pub(crate) cleanup_batch: usize,
+    pub(crate) pool_max_segments: usize,
+    pub(crate) pool_max_bytes: u64,
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
     pub(crate) fault_plan: Option<Arc<FaultPlan>>,
@@ -151,6 +153,8 @@ impl EngineConfig {
             preallocate: false,
             cleanup_retry_delay: Duration::from_secs(1),
             cleanup_batch: 1000,
+            pool_max_segments: 256,
+            pool_max_bytes: 1 << 30,
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
             fault_plan: None,
@@ -264,6 +268,21 @@ impl EngineConfig {
     /// Most names the cleanup worker deletes in one batch. Default 1,000. Bounds: 1..=65,536.
     pub fn cleanup_batch(mut self, n: usize) -> Self {
         self.cleanup_batch = n;
+        self
+    }
+
+    /// Most released segment files the pool keeps for reuse (0 turns the pool off). A pooled
+    /// file holds its ticket and counts in the quota; a writer that finds the ledger or quota
+    /// full trims the pool before it is refused. Default 256. Bounds: 0..=65,536.
+    pub fn pool_max_segments(mut self, n: usize) -> Self {
+        self.pool_max_segments = n;
+        self
+    }
+
+    /// Most bytes the pooled files may hold on disk (0 turns the pool off). Default 1 GiB.
+    /// Bounds: any.
+    pub fn pool_max_bytes(mut self, bytes: u64) -> Self {
+        self.pool_max_bytes = bytes;
         self
     }
 
@@ -400,6 +419,12 @@ impl EngineConfig {
             return bad(format!(
                 "cleanup_retry_delay: need 1 ms..=1 h, got {:?}",
                 self.cleanup_retry_delay
+            ));
+        }
+        if self.pool_max_segments > 65_536 {
+            return bad(format!(
+                "pool_max_segments: need 0..=65536, got {}",
+                self.pool_max_segments
             ));
         }
         if !(1..=65_536).contains(&self.cleanup_batch) {

@@ -21,6 +21,7 @@ use crate::spill::task::{TaskShared, TaskSpill};
 use crate::store::Store;
 use crate::store::dir::{self, ProcDir};
 use crate::store::ledger::Ledger;
+use crate::store::pool::SegmentPool;
 use crate::store::proc::{self, random_id};
 use crate::store::queue::CleanupQueue;
 use crate::store::roots::{Roots, probe_direct};
@@ -57,6 +58,8 @@ impl EngineInner {
         for t in tasks {
             t.close(true);
         }
+        // The pooled files go the way of every other file.
+        crate::cleanup::trim_pool(core);
         let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
@@ -197,6 +200,7 @@ impl Engine {
             Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
             Roots::new(cfg.roots.clone(), proc_dirs, cfg.root_skip),
             Arc::new(CleanupQueue::new()),
+            SegmentPool::new(cfg.roots.len(), cfg.pool_max_segments, cfg.pool_max_bytes),
         );
         let core = Arc::new(Core::new(cfg, id, io, store));
         for p in claimed {
@@ -302,6 +306,13 @@ impl Engine {
         self.inner.core.store.cleanup.snapshot()
     }
 
+    /// Deletes every file the segment pool holds (queued, like every delete) and returns how
+    /// many. Spills after it create their files again until the pool refills. For operators
+    /// who need the disk space back now, and for tests that check nothing is left.
+    pub fn trim_pool(&self) -> usize {
+        crate::cleanup::trim_pool(&self.inner.core)
+    }
+
     /// Lets the cleanup worker retry failed deletes now instead of after its delay.
     pub fn retry_cleanup_now(&self) {
         self.inner.core.store.cleanup.retry_now();
@@ -377,6 +388,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
 
 /// A snapshot of the metrics.
 fn metrics(core: &Core) -> Metrics {
+    let pool = core.store.pool.level();
     let c = &core.counters;
     let g = Counters::get;
     Metrics {
@@ -408,5 +420,10 @@ fn metrics(core: &Core) -> Metrics {
         orphan_files_swept: g(&c.orphan_files_swept),
         root_skips: g(&c.root_skips),
         files_published: g(&c.files_published),
+        pool_segments: pool.segments,
+        pool_bytes: pool.bytes,
+        pool_hits: g(&c.pool_hits),
+        pool_misses: g(&c.pool_misses),
+        pool_trims: g(&c.pool_trims),
     }
 }

@@ -25,6 +25,9 @@ pub(crate) struct Counters {
     pub orphan_files_swept: AtomicU64,
     pub root_skips: AtomicU64,
     pub files_published: AtomicU64,
+    pub pool_hits: AtomicU64,
+    pub pool_misses: AtomicU64,
+    pub pool_trims: AtomicU64,
     /// Gauge: deletes queued to an I/O thread and not yet completed.
     pub deletes_in_flight: AtomicU64,
 }
@@ -102,6 +105,17 @@ pub struct Metrics {
     pub root_skips: u64,
     /// Segment files handed to the caller by `SpilledState::publish`.
     pub files_published: u64,
+    /// Released segment files the pool holds for reuse (each holds a ticket).
+    pub pool_segments: u64,
+    /// Bytes those files hold on disk (counted in `spill_bytes_in_use`).
+    pub pool_bytes: u64,
+    /// Segments a writer took from the pool (no create, no allocation).
+    pub pool_hits: u64,
+    /// Segments a writer created because the pool had none for its root.
+    pub pool_misses: u64,
+    /// Pooled files deleted: past the pool's bounds, under ledger or quota pressure, by
+    /// `Engine::trim_pool`, or at shutdown.
+    pub pool_trims: u64,
 }
 
 impl Metrics {
@@ -114,7 +128,7 @@ impl Metrics {
             "# HELP spillring_info Which backend and write mode run.\n# TYPE spillring_info gauge\nspillring_info{{backend=\"{}\",write_mode=\"{}\"}} 1",
             self.backend, self.write_mode
         );
-        let rows: [(&str, &str, &str, f64); 27] = [
+        let rows: [(&str, &str, &str, f64); 32] = [
             (
                 "tickets_used",
                 "gauge",
@@ -270,6 +284,36 @@ impl Metrics {
                 "counter",
                 "Segment files published to the caller.",
                 self.files_published as f64,
+            ),
+            (
+                "pool_segments",
+                "gauge",
+                "Released segment files held for reuse.",
+                self.pool_segments as f64,
+            ),
+            (
+                "pool_bytes",
+                "gauge",
+                "Bytes the pooled files hold on disk.",
+                self.pool_bytes as f64,
+            ),
+            (
+                "pool_hits_total",
+                "counter",
+                "Segments reused from the pool.",
+                self.pool_hits as f64,
+            ),
+            (
+                "pool_misses_total",
+                "counter",
+                "Segments created because the pool had none.",
+                self.pool_misses as f64,
+            ),
+            (
+                "pool_trims_total",
+                "counter",
+                "Pooled files deleted.",
+                self.pool_trims as f64,
             ),
             (
                 "tickets_free",

@@ -127,6 +127,10 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         ("cleanup_retry_delay max", |c| {
             c.cleanup_retry_delay(Duration::from_secs(3600))
         }),
+        ("pool off", |c| c.pool_max_segments(0)),
+        ("pool_max_segments max", |c| c.pool_max_segments(65_536)),
+        ("pool_max_bytes 0", |c| c.pool_max_bytes(0)),
+        ("pool_max_bytes max", |c| c.pool_max_bytes(u64::MAX)),
         ("cleanup_batch min", |c| c.cleanup_batch(1)),
         ("cleanup_batch max", |c| c.cleanup_batch(65_536)),
         ("root_skip min", |c| c.root_skip(Duration::ZERO)),

@@ -147,6 +147,42 @@ impl OpSink for DeleteBatch {
     }
 }
 
+/// Returns a finished state's files to the segment pool, the ones it has room for and that no
+/// live mapping points into (`mapped(i)`: a `Bytes` a caller holds must never change), and
+/// queues the deletes of the rest. Never waits.
+pub(crate) fn recycle(
+    core: &Arc<Core>,
+    lane: usize,
+    entries: Vec<SegmentEntry>,
+    mapped: impl Fn(usize) -> bool,
+) {
+    let pool = &core.store.pool;
+    if !pool.enabled() {
+        return delete_segments(core, lane, entries);
+    }
+    let mut rest = Vec::new();
+    for (i, e) in entries.into_iter().enumerate() {
+        if mapped(i) {
+            rest.push(e);
+            continue;
+        }
+        if let Err(e) = pool.put(e) {
+            Counters::add(&core.counters.pool_trims, 1);
+            rest.push(e);
+        }
+    }
+    delete_segments(core, lane, rest);
+}
+
+/// Deletes every pooled file (shutdown, `Engine::trim_pool`); returns how many.
+pub(crate) fn trim_pool(core: &Arc<Core>) -> usize {
+    let all = core.store.pool.drain();
+    let n = all.len();
+    Counters::add(&core.counters.pool_trims, n as u64);
+    delete_segments(core, 0, all);
+    n
+}
+
 /// A file is confirmed gone: release its ticket.
 fn confirmed(entry: SegmentEntry) {
     drop(entry.release());

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cleanup::delete_segments;
+use crate::cleanup::{delete_segments, recycle};
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::spill::task::{Member, TaskShared};
@@ -181,6 +181,9 @@ pub(crate) struct StateInner {
     /// Its id in the scope's registry (stored right after registration).
     pub(crate) scope_id: AtomicU64,
     pub(crate) bytes: u64,
+    /// One token per segment, cloned into each mapping of it: while a mapping is alive (a
+    /// `Bytes` into it), its segment never goes back to the pool.
+    pub(crate) maps: Vec<Arc<()>>,
 }
 
 impl std::fmt::Debug for StateInner {
@@ -220,6 +223,7 @@ impl StateInner {
         StateInner {
             bytes: entries.iter().map(|e| e.len).sum(),
             segments: entries.len(),
+            maps: entries.iter().map(|_| Arc::new(())).collect(),
             files: Grants::new(entries),
             scope_id: AtomicU64::new(0),
             task,
@@ -232,13 +236,16 @@ impl StateInner {
         self.files.acquire()
     }
 
-    /// Releases a grant; the last one deletes the files.
+    /// Releases a grant; the last one hands the files back: to the segment pool those no
+    /// mapping points into any more, to the delete path the rest. (No reader can map one
+    /// meanwhile: readers are grants.)
     pub(crate) fn release(&self) {
         let Some(entries) = self.files.release() else {
             return;
         };
         self.task.unregister(self.scope_id.load(Ordering::Acquire));
-        delete_segments(self.core(), self.lane, entries);
+        let mapped = |i: usize| self.maps.get(i).is_some_and(|t| Arc::strong_count(t) > 1);
+        recycle(self.core(), self.lane, entries, mapped);
     }
 }
 

@@ -42,6 +42,8 @@ use crate::store::dir::TaskDir;
 struct MapOwner {
     map: Option<Mmap>,
     reaper: Reaper,
+    /// The state's token for this segment: alive while any `Bytes` into the map is.
+    _token: Arc<()>,
 }
 
 impl AsRef<[u8]> for MapOwner {
@@ -238,6 +240,7 @@ impl SpillReader {
         let bytes = Bytes::from_owner(MapOwner {
             map: Some(map),
             reaper: core.io.reaper().clone(),
+            _token: state.maps.get(i).cloned().unwrap_or_default(),
         });
         Ok(Mapped {
             bytes,

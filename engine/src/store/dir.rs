@@ -63,6 +63,19 @@ pub(crate) fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Owne
     fs::openat(dir, name, OFlags::WRONLY | OFlags::NOFOLLOW, Mode::empty())
 }
 
+/// Reopens an existing segment file for a new use (never through a symlink, never creating).
+pub(crate) fn reopen_segment_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    direct: bool,
+) -> io::Result<OwnedFd> {
+    let mut flags = OFlags::WRONLY | OFlags::NOFOLLOW;
+    if direct {
+        flags |= OFlags::DIRECT;
+    }
+    fs::openat(dir, name, flags, Mode::empty())
+}
+
 /// Opens a file for reading (never through a symlink).
 pub(crate) fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     fs::openat(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())

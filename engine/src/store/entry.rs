@@ -72,6 +72,13 @@ impl SegmentEntry {
         self.dir.clone()
     }
 
+    /// Takes the entry apart for a new use of its file (the segment pool's reuse): its
+    /// directory, number and ticket. The caller records the file again under the abort check.
+    pub(crate) fn into_reuse(mut self) -> Option<(Arc<TaskDir>, u32, Ticket)> {
+        let t = self.ticket.take()?;
+        Some((self.dir.clone(), self.seg, t))
+    }
+
     /// Hands the name to the cleanup worker, ticket held.
     pub(crate) fn retain(mut self, cleanup: &CleanupQueue) {
         if let Some(t) = self.ticket.take() {

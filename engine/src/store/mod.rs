@@ -6,6 +6,7 @@
 pub(crate) mod dir;
 pub(crate) mod entry;
 pub(crate) mod ledger;
+pub(crate) mod pool;
 pub(crate) mod proc;
 pub(crate) mod queue;
 pub(crate) mod roots;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use crate::io::NameBuf;
 use dir::{DirTable, TaskDir};
 use ledger::Ledger;
+use pool::SegmentPool;
 use queue::CleanupQueue;
 use roots::Roots;
 
@@ -28,6 +30,8 @@ pub(crate) struct Store {
     pub(crate) roots: Roots,
     /// Name-only records of deletes not confirmed, and orphan sweeps.
     pub(crate) cleanup: Arc<CleanupQueue>,
+    /// Released segment files kept for reuse.
+    pub(crate) pool: SegmentPool,
     /// Where segments live: the process directory under each root, as a directory entry that
     /// is never closed (so never removed while the engine runs).
     root_dirs: Vec<Arc<TaskDir>>,
@@ -36,7 +40,12 @@ pub(crate) struct Store {
 impl Store {
     /// The store over `roots`: one directory entry per process directory, in which every
     /// segment under that root lives.
-    pub(crate) fn new(ledger: Arc<Ledger>, roots: Roots, cleanup: Arc<CleanupQueue>) -> Self {
+    pub(crate) fn new(
+        ledger: Arc<Ledger>,
+        roots: Roots,
+        cleanup: Arc<CleanupQueue>,
+        pool: SegmentPool,
+    ) -> Self {
         let dirs = DirTable::default();
         let root_dirs = roots
             .proc_dirs()
@@ -56,6 +65,7 @@ impl Store {
             dirs,
             roots,
             cleanup,
+            pool,
             root_dirs,
         }
     }

@@ -20,8 +20,15 @@ use std::time::Duration;
 
 use spillring::{BackendKind, Engine, EngineConfig, Metrics, WriteMode};
 
-/// A small-segment config on `root` with the given backend.
+/// A small-segment config on `root` with the given backend, with the segment pool off: most
+/// tests check the delete path, which a released state's files take only without the pool
+/// (`pool.rs` tests the pool, `pooled_cfg`).
 pub fn cfg(root: &Path, backend: BackendKind) -> EngineConfig {
+    pooled_cfg(root, backend).pool_max_segments(0)
+}
+
+/// [`cfg`] with the segment pool at its defaults.
+pub fn pooled_cfg(root: &Path, backend: BackendKind) -> EngineConfig {
     EngineConfig::new(root)
         .backend(backend)
         .segment_size(256 << 10)
@@ -115,6 +122,8 @@ pub fn dirs_under(root: &Path) -> Vec<PathBuf> {
 /// Settles the engine and asserts nothing is left: no file under the root, no ticket held,
 /// no delete pending, only the engine's own (empty) process directory.
 pub fn assert_clean(engine: &Engine, root: &Path) -> Metrics {
+    // Pooled segments are the engine's files too: they go now, through the delete path.
+    engine.trim_pool();
     assert!(
         engine.settle(Duration::from_secs(10)),
         "engine did not settle"

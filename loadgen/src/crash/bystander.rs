@@ -106,6 +106,7 @@ impl Bystander {
         }
         drop(self.state);
         self.task.close();
+        self.engine.trim_pool();
         if !self.engine.settle(Duration::from_secs(30)) {
             st.bad(
                 "settle",

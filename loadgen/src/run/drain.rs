@@ -120,7 +120,23 @@ fn drain(s: &Setup) -> BTreeMap<&'static str, u64> {
         .map(|p| (p.name(), plan.as_ref().map_or(0, |pl| pl.fired(*p))))
         .collect();
     engine.retry_cleanup_now();
-    let settled = engine.settle(Duration::from_secs(60));
+    let mut settled = engine.settle(Duration::from_secs(60));
+    // Every file left now is a pooled one, and each holds exactly one ticket. Then the pool is
+    // trimmed through the delete path, so the checks that follow see nothing at all.
+    let m = engine.metrics();
+    if settled && m.tickets_used != m.pool_segments {
+        bad(
+            &s.ctx.stats,
+            "leak",
+            format!(
+                "{} tickets held once settled, but the segment pool holds {} files",
+                m.tickets_used, m.pool_segments
+            ),
+            format!("engine {:016x}", engine.id()),
+        );
+    }
+    engine.trim_pool();
+    settled = settled && engine.settle(Duration::from_secs(60));
     if !settled {
         bad(
             &s.ctx.stats,

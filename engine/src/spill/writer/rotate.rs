@@ -3,7 +3,7 @@
 //! trimming allocations at `finish`.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::SpillWriter;
@@ -17,6 +17,7 @@ use crate::metrics::Counters;
 use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
+use crate::sys::errno;
 
 /// The segment being written.
 pub(super) struct OpenSegment {
@@ -104,9 +105,118 @@ impl SpillWriter {
     /// number, the file, its allocation.
     fn create_segment(&self, reserve: u64) -> std::result::Result<Created, Failed> {
         let (root, dir) = self.segment_dir()?;
+        if let Some(made) = self.reuse_segment(root, reserve)? {
+            return Ok(made);
+        }
         let r = self.reserve_segment(root, dir, reserve)?;
         let (r, fd) = self.create_file(r)?;
         self.allocate(r, fd, reserve)
+    }
+
+    /// A pooled file under `root`, reopened for this use with the next generation and its
+    /// ticket grown to `reserve`; `None` (a miss) when the pool has none or the reuse fails,
+    /// in which case the pooled file is deleted and its ticket released once.
+    fn reuse_segment(
+        &self,
+        root: usize,
+        reserve: u64,
+    ) -> std::result::Result<Option<Created>, Failed> {
+        let core = &self.core;
+        if !core.store.pool.enabled() {
+            return Ok(None);
+        }
+        if self.shared.files.is_aborted() {
+            return Err(SpillError::Aborted.into());
+        }
+        let Some(mut e) = core.store.pool.take(root) else {
+            Counters::add(&core.counters.pool_misses, 1);
+            return Ok(None);
+        };
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterReserve);
+        // What the file holds on disk from its last use: trimmed at `finish` if longer than
+        // this use writes (the quota bounds blocks on disk).
+        let on_disk = e.len.max(e.allocated);
+        let generation = e.generation.wrapping_add(1);
+        let name = SegmentFileName::new(e.seg);
+        let reopened = e.grow_to(reserve).and_then(|()| {
+            dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct)
+                .map_err(|err| SpillError::io("reopen", e.path(), err))
+        });
+        let fd = match reopened {
+            Ok(fd) => fd,
+            Err(err) => {
+                tracing::debug!(error = %err, "reusing a pooled segment failed; deleting it");
+                Counters::add(&core.counters.pool_trims, 1);
+                delete_segments(core, self.lane, vec![e]);
+                return Ok(None);
+            }
+        };
+        let allocated = match self.preallocate(fd.as_fd(), reserve) {
+            Ok(a) => a.max(on_disk),
+            Err(err) => {
+                drop(fd);
+                Counters::add(&core.counters.pool_trims, 1);
+                let next_root = core.root_failed(root, &err);
+                let path = e.path();
+                delete_segments(core, self.lane, vec![e]);
+                return Err(Failed {
+                    err: SpillError::io("preallocate", path, err),
+                    next_root,
+                });
+            }
+        };
+        let Some((dir, seg, ticket)) = e.into_reuse() else {
+            return Ok(None);
+        };
+        Counters::add(&core.counters.pool_hits, 1);
+        Ok(Some(Created {
+            r: Reserved {
+                root,
+                dir,
+                seg,
+                ticket,
+            },
+            fd,
+            allocated,
+            generation,
+        }))
+    }
+
+    /// A ticket for `reserve` bytes. A full ledger or quota first trims the segment pool (its
+    /// files hold tickets): pooled files are deleted here, on the caller's thread, until the
+    /// reservation fits or the pool is empty.
+    fn reserve_ticket(&self, reserve: u64) -> Result<Ticket> {
+        let core = &self.core;
+        loop {
+            match core.store.ledger.reserve(reserve) {
+                Ok(t) => return Ok(t),
+                Err(err @ (SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. })) => {
+                    let Some(e) = core.store.pool.take_any() else {
+                        return Err(err);
+                    };
+                    Counters::add(&core.counters.pool_trims, 1);
+                    let name = e.dir.segment_rel(e.seg);
+                    match dir::unlink_at(e.dir.parent.fd.as_fd(), name.as_cstr(), false) {
+                        Ok(()) => {
+                            Counters::add(&core.counters.files_deleted, 1);
+                            drop(e.release());
+                        }
+                        Err(u) if u.raw_os_error() == Some(errno::ENOENT) => {
+                            Counters::add(&core.counters.files_already_absent, 1);
+                            drop(e.release());
+                        }
+                        Err(u) => {
+                            Counters::add(&core.counters.delete_failures, 1);
+                            tracing::warn!(path = %e.path().display(), error = %u,
+                                "deleting a pooled segment failed; handing it to the cleanup worker");
+                            e.retain(&core.store.cleanup);
+                        }
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Picks a root and this task's directory in it; a device error marks the root failed.
@@ -138,7 +248,7 @@ impl SpillWriter {
             &self.core.fault,
             FaultPoint::WriterReserve,
         );
-        let ticket = self.core.store.ledger.reserve(reserve)?;
+        let ticket = self.reserve_ticket(reserve)?;
         let Some(seg) = dir.next_segment() else {
             return Err(SpillError::SegmentsExhausted {
                 path: dir.path.clone(),
@@ -202,6 +312,22 @@ impl SpillWriter {
         SpillError::io("create", r.dir.path.join(name.as_str()), e)
     }
 
+    /// Allocates `reserve` bytes of the file up front where the mode asks for it; the bytes
+    /// allocated (0 if none, or if the filesystem cannot).
+    fn preallocate(&self, fd: BorrowedFd<'_>, reserve: u64) -> io::Result<u64> {
+        // Direct mode allocates the whole segment up front (file size included): O_DIRECT
+        // writes inside the file size run in parallel under a shared inode lock, where
+        // extending writes serialise. `preallocate` does the same without growing the file.
+        let done = if self.direct {
+            dir::allocate(fd, reserve)?
+        } else if self.core.cfg.preallocate {
+            dir::preallocate(fd, reserve)?
+        } else {
+            false
+        };
+        Ok(if done { reserve } else { 0 })
+    }
+
     /// Allocates the new file up front where the mode asks for it. A failure deletes the file
     /// and marks the root failed on a device error.
     fn allocate(
@@ -213,18 +339,8 @@ impl SpillWriter {
         // Direct mode allocates the whole segment up front (file size included): O_DIRECT
         // writes inside the file size run in parallel under a shared inode lock, where
         // extending writes serialise. `preallocate` does the same without growing the file.
-        let prealloc = if self.direct {
-            dir::allocate(fd.as_fd(), reserve)
-        } else if self.core.cfg.preallocate {
-            dir::preallocate(fd.as_fd(), reserve)
-        } else {
-            Ok(false)
-        };
-        let allocated = if matches!(prealloc, Ok(true)) {
-            reserve
-        } else {
-            0
-        };
+        let prealloc = self.preallocate(fd.as_fd(), reserve);
+        let allocated = *prealloc.as_ref().unwrap_or(&0);
         if let Err(e) = prealloc {
             drop(fd);
             self.delete_now(&r.dir, r.seg, r.ticket, false);

@@ -1,0 +1,193 @@
+//! The segment pool, on both backends: a recycled file never shows its past (invariant 10), a
+//! record a caller holds never changes, the ownership rules hold at every pool transition, and
+//! a full ledger or quota trims the pool before it refuses a writer.
+
+#[macro_use]
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+use spillring::{BackendKind, Bytes, Engine, SpillError, TaskSpill};
+
+per_backend!(
+    a_reused_file_shows_only_its_last_use,
+    a_held_record_never_changes_across_release_and_reuse,
+    cancel_of_a_writer_on_a_reused_file_deletes_it_once,
+    a_full_ledger_trims_the_pool_before_refusing,
+    the_pool_keeps_its_bounds,
+    shutdown_empties_the_pool,
+);
+
+fn spill(task: &TaskSpill, first: u64, n: u64, len: usize) -> spillring::SpilledState {
+    let mut w = task.writer().unwrap();
+    for i in first..first + n {
+        w.write(Bytes::from(record(i, len))).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+fn read_all(st: &spillring::SpilledState) -> Vec<Bytes> {
+    st.reader().unwrap().map(|r| r.unwrap()).collect()
+}
+
+/// A long spill, released into the pool, then a short one on the same file: the reader sees the
+/// short one's records only, though the long one's bytes are still in the file past them.
+fn a_reused_file_shows_only_its_last_use(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let task = engine.task("reuse").unwrap();
+    let long = spill(&task, 0, 200, 1000);
+    assert_eq!(long.segments(), 1);
+    let path: PathBuf = long.paths()[0].clone();
+    let long_len = std::fs::metadata(&path).unwrap().len();
+    drop(long);
+    let m = engine.metrics();
+    assert_eq!((m.pool_segments, m.tickets_used), (1, 1), "{m:?}");
+    assert!(path.exists(), "a pooled file stays on disk");
+
+    let short = spill(&task, 1000, 3, 1000);
+    assert_eq!(
+        short.paths(),
+        vec![path.clone()],
+        "the pooled file was reused"
+    );
+    let m = engine.metrics();
+    assert_eq!((m.pool_hits, m.pool_segments), (1, 0), "{m:?}");
+    let got = read_all(&short);
+    assert_eq!(got.len(), 3, "records of the earlier use were returned");
+    for (k, rec) in got.iter().enumerate() {
+        assert_eq!(&rec[..], &record(1000 + k as u64, 1000)[..]);
+    }
+    // The file was cut back to this use's length at finish: the quota bounds blocks on disk.
+    let now = std::fs::metadata(&path).unwrap().len();
+    assert!(now < long_len, "{now} >= {long_len}");
+    drop(short);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// A record a caller holds keeps its bytes after its state is released and the next spill runs:
+/// a segment with a live mapping never goes back to the pool.
+fn a_held_record_never_changes_across_release_and_reuse(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let task = engine.task("held").unwrap();
+    let st = spill(&task, 0, 20, 1000);
+    let held = st.reader().unwrap().next_record().unwrap().unwrap();
+    let want = record(0, 1000);
+    drop(st);
+    assert_eq!(
+        engine.metrics().pool_segments,
+        0,
+        "a mapped segment went back to the pool"
+    );
+    for k in 0..5 {
+        drop(spill(&task, 100 + k * 20, 20, 1000));
+        assert_eq!(&held[..], &want[..], "a held record changed");
+    }
+    drop(held);
+    // Without a live mapping the next release does pool its segment.
+    let st = spill(&task, 500, 20, 1000);
+    let recs = read_all(&st);
+    assert_eq!(recs.len(), 20);
+    drop((recs, st));
+    assert_eq!(engine.metrics().pool_segments, 1);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// A writer that took a pooled file is cancelled: the file is deleted once, its ticket released
+/// once, and the cancel reads as `Aborted`.
+fn cancel_of_a_writer_on_a_reused_file_deletes_it_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let warm = engine.task("warm").unwrap();
+    drop(spill(&warm, 0, 10, 1000));
+    assert_eq!(engine.metrics().pool_segments, 1);
+    let task = engine.task("cancelled").unwrap();
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from(record(1, 1000))).unwrap();
+    assert_eq!(engine.metrics().pool_hits, 1);
+    task.cancel();
+    let e = w.write(Bytes::from(record(2, 1000))).unwrap_err();
+    assert!(matches!(e, SpillError::Aborted), "{e}");
+    drop(w);
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(
+        (m.tickets_used, m.pool_segments, m.files_deleted),
+        (0, 0, 1),
+        "{m:?}"
+    );
+    warm.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// Pooled files hold tickets. A writer on a root whose pool is empty, refused by a full
+/// ledger, first deletes a pooled file of the other root and then gets its ticket.
+fn a_full_ledger_trims_the_pool_before_refusing(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let (r0, r1) = (dir.path().join("r0"), dir.path().join("r1"));
+    let engine = Engine::open(pooled_cfg(&r0, b).add_root(&r1).ticket_capacity(2)).unwrap();
+    let task = engine.task("pressure").unwrap();
+    // Roots are picked round-robin: a on r0, p on r1. p is released into r1's pool.
+    let a = spill(&task, 0, 10, 1000);
+    drop(spill(&task, 100, 10, 1000));
+    let m = engine.metrics();
+    assert_eq!((m.pool_segments, m.tickets_used), (1, 2), "{m:?}");
+    assert!(a.paths()[0].starts_with(&r0), "{:?}", a.paths());
+    // The next segment goes to r0, whose pool is empty, and the ledger is full.
+    let w = spill(&task, 200, 10, 1000);
+    assert!(w.paths()[0].starts_with(&r0), "{:?}", w.paths());
+    let m = engine.metrics();
+    assert_eq!(
+        (m.pool_trims, m.pool_segments, m.admission_failures),
+        (1, 0, 1),
+        "{m:?}"
+    );
+    let got = read_all(&w);
+    assert_eq!(got.len(), 10);
+    assert_eq!(&got[9][..], &record(209, 1000)[..]);
+    drop((a, w));
+    task.close();
+    assert_clean(&engine, &r0);
+    assert_clean(&engine, &r1);
+}
+
+/// The pool keeps at most `pool_max_segments` files; the rest of a release is deleted.
+fn the_pool_keeps_its_bounds(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).pool_max_segments(2)).unwrap();
+    let task = engine.task("bounded").unwrap();
+    let st = spill(&task, 0, 5 * 240, 1000);
+    assert_eq!(st.segments(), 5);
+    drop(st);
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(
+        (m.pool_segments, m.tickets_used, m.files_deleted),
+        (2, 2, 3),
+        "{m:?}"
+    );
+    assert_eq!(segment_files(dir.path()), 2);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// A shutdown deletes the pooled files with everything else.
+fn shutdown_empties_the_pool(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let task = engine.task("down").unwrap();
+    drop(spill(&task, 0, 3 * 240, 1000));
+    assert_eq!(engine.metrics().pool_segments, 3);
+    drop(task);
+    let r = engine.shutdown(T);
+    assert!(r.drained, "{r:?}");
+    assert_eq!(r.tickets_held, 0, "{r:?}");
+    assert_eq!(segment_files(dir.path()), 0);
+}
