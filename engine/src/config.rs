@@ -115,6 +115,7 @@ pub struct EngineConfig {
     pub(crate) cleanup_batch: usize,
     pub(crate) pool_max_segments: usize,
     pub(crate) pool_max_bytes: u64,
+    pub(crate) read_buffer_max: usize,
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
     pub(crate) fault_plan: Option<Arc<FaultPlan>>,
@@ -155,6 +156,7 @@ impl EngineConfig {
             cleanup_batch: 1000,
             pool_max_segments: 256,
             pool_max_bytes: 1 << 30,
+            read_buffer_max: 256 << 10,
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
             fault_plan: None,
@@ -283,6 +285,15 @@ impl EngineConfig {
     /// Bounds: any.
     pub fn pool_max_bytes(mut self, bytes: u64) -> Self {
         self.pool_max_bytes = bytes;
+        self
+    }
+
+    /// Segments written up to this many bytes are read back with one `pread` into a buffer of
+    /// their own; larger ones are mapped (records are then zero-copy views of the map). For a
+    /// small segment the copy costs less than map + fault + unmap. 0 maps every segment.
+    /// Default 256 KiB. Bounds: 0..=64 MiB.
+    pub fn read_buffer_max(mut self, bytes: usize) -> Self {
+        self.read_buffer_max = bytes;
         self
     }
 
@@ -419,6 +430,12 @@ impl EngineConfig {
             return bad(format!(
                 "cleanup_retry_delay: need 1 ms..=1 h, got {:?}",
                 self.cleanup_retry_delay
+            ));
+        }
+        if self.read_buffer_max > 64 << 20 {
+            return bad(format!(
+                "read_buffer_max: need 0..=67108864, got {}",
+                self.read_buffer_max
             ));
         }
         if self.pool_max_segments > 65_536 {

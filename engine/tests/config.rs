@@ -127,6 +127,8 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         ("cleanup_retry_delay max", |c| {
             c.cleanup_retry_delay(Duration::from_secs(3600))
         }),
+        ("read_buffer_max 0", |c| c.read_buffer_max(0)),
+        ("read_buffer_max max", |c| c.read_buffer_max(64 << 20)),
         ("pool off", |c| c.pool_max_segments(0)),
         ("pool_max_segments max", |c| c.pool_max_segments(65_536)),
         ("pool_max_bytes 0", |c| c.pool_max_bytes(0)),

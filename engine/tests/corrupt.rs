@@ -13,6 +13,8 @@ use spillring::{BackendKind, Bytes, Engine, SpillError, SpilledState, TaskSpill,
 per_backend!(
     damage_is_reported_where_it_is_buffered,
     damage_is_reported_where_it_is_direct,
+    damage_is_reported_where_it_is_buffered_and_mapped,
+    damage_is_reported_where_it_is_direct_and_mapped,
 );
 
 const REC: usize = 1000;
@@ -47,9 +49,17 @@ fn read_until_error(st: &SpilledState) -> (u64, SpillError) {
     }
 }
 
-fn damage_cases(b: spillring::BackendKind, mode: WriteMode) {
+/// `read_buffer_max`: segments up to it are read into a buffer (all of them at the default),
+/// larger ones mapped (all of them at 0).
+fn damage_cases(b: spillring::BackendKind, mode: WriteMode, read_buffer_max: usize) {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let engine = Engine::open(cfg(dir.path(), b).mode(mode).segment_size(64 << 10)).unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .mode(mode)
+            .segment_size(64 << 10)
+            .read_buffer_max(read_buffer_max),
+    )
+    .unwrap();
     let (task, st) = spill(&engine);
     let paths = st.paths();
 
@@ -145,11 +155,19 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode) {
 }
 
 fn damage_is_reported_where_it_is_buffered(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered);
+    damage_cases(b, WriteMode::Buffered, 256 << 10);
 }
 
 fn damage_is_reported_where_it_is_direct(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct);
+    damage_cases(b, WriteMode::Direct, 256 << 10);
+}
+
+fn damage_is_reported_where_it_is_buffered_and_mapped(b: BackendKind) {
+    damage_cases(b, WriteMode::Buffered, 0);
+}
+
+fn damage_is_reported_where_it_is_direct_and_mapped(b: BackendKind) {
+    damage_cases(b, WriteMode::Direct, 0);
 }
 
 /// The reader as an iterator yields every record in order, then ends; on a damaged segment it

@@ -70,32 +70,45 @@ fn a_reused_file_shows_only_its_last_use(b: BackendKind) {
     assert_clean(&engine, dir.path());
 }
 
-/// A record a caller holds keeps its bytes after its state is released and the next spill runs:
-/// a segment with a live mapping never goes back to the pool.
+/// A record a caller holds keeps its bytes after its state is released and the next spills
+/// run on the same file. A mapped segment (one larger than the reader reads into a buffer)
+/// never goes back to the pool while a mapping of it is alive; a small one, read into a
+/// buffer of its own, does, and its held records are unaffected.
 fn a_held_record_never_changes_across_release_and_reuse(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).segment_size(1 << 20)).unwrap();
     let task = engine.task("held").unwrap();
-    let st = spill(&task, 0, 20, 1000);
+    // 400 KB in one segment: mapped.
+    let st = spill(&task, 0, 400, 1000);
+    assert_eq!(st.segments(), 1);
     let held = st.reader().unwrap().next_record().unwrap().unwrap();
-    let want = record(0, 1000);
     drop(st);
     assert_eq!(
         engine.metrics().pool_segments,
         0,
         "a mapped segment went back to the pool"
     );
-    for k in 0..5 {
-        drop(spill(&task, 100 + k * 20, 20, 1000));
-        assert_eq!(&held[..], &want[..], "a held record changed");
+    for k in 0..3 {
+        drop(spill(&task, 1000 + k * 400, 400, 1000));
+        assert_eq!(&held[..], &record(0, 1000)[..], "a held record changed");
     }
     drop(held);
-    // Without a live mapping the next release does pool its segment.
-    let st = spill(&task, 500, 20, 1000);
+    // Without a live mapping the next release pools its segment.
+    let st = spill(&task, 5000, 400, 1000);
     let recs = read_all(&st);
-    assert_eq!(recs.len(), 20);
+    assert_eq!(recs.len(), 400);
     drop((recs, st));
     assert_eq!(engine.metrics().pool_segments, 1);
+    // 20 KB: read into a buffer; the segment is pooled and reused while a record is held.
+    let st = spill(&task, 9000, 20, 1000);
+    let held = st.reader().unwrap().next_record().unwrap().unwrap();
+    let path = st.paths()[0].clone();
+    drop(st);
+    assert_eq!(engine.metrics().pool_segments, 1);
+    let again = spill(&task, 9500, 20, 1000);
+    assert_eq!(again.paths(), vec![path], "the small segment was reused");
+    assert_eq!(&held[..], &record(9000, 1000)[..], "a held record changed");
+    drop((again, held));
     task.close();
     assert_clean(&engine, dir.path());
 }

@@ -9,7 +9,7 @@
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::cleanup::{delete_segments, recycle};
 use crate::core::Core;
@@ -181,9 +181,9 @@ pub(crate) struct StateInner {
     /// Its id in the scope's registry (stored right after registration).
     pub(crate) scope_id: AtomicU64,
     pub(crate) bytes: u64,
-    /// One token per segment, cloned into each mapping of it: while a mapping is alive (a
-    /// `Bytes` into it), its segment never goes back to the pool.
-    pub(crate) maps: Vec<Arc<()>>,
+    /// Live mappings per segment (a mapping lives while any `Bytes` into it does): a mapped
+    /// segment never goes back to the pool. One allocation for all segments.
+    pub(crate) maps: Arc<[AtomicUsize]>,
 }
 
 impl std::fmt::Debug for StateInner {
@@ -223,7 +223,7 @@ impl StateInner {
         StateInner {
             bytes: entries.iter().map(|e| e.len).sum(),
             segments: entries.len(),
-            maps: entries.iter().map(|_| Arc::new(())).collect(),
+            maps: entries.iter().map(|_| AtomicUsize::new(0)).collect(),
             files: Grants::new(entries),
             scope_id: AtomicU64::new(0),
             task,
@@ -244,7 +244,11 @@ impl StateInner {
             return;
         };
         self.task.unregister(self.scope_id.load(Ordering::Acquire));
-        let mapped = |i: usize| self.maps.get(i).is_some_and(|t| Arc::strong_count(t) > 1);
+        let mapped = |i: usize| {
+            self.maps
+                .get(i)
+                .is_some_and(|c| c.load(Ordering::Acquire) > 0)
+        };
         recycle(self.core(), self.lane, entries, mapped);
     }
 }

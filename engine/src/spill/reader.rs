@@ -1,5 +1,9 @@
-//! Stage 3: the reader. Maps each segment lazily, one at a time, and hands out records as
-//! `Bytes` that point into the map: zero-copy, each record's CRC-32C checked first.
+//! Stage 3: the reader. Opens each segment lazily, one at a time, and hands out records as
+//! `Bytes` that point into it, each record's CRC-32C checked first. A segment of up to
+//! `read_buffer_max` written bytes (a configuration field) is read with one `pread` into a
+//! buffer of its own
+//! (cheaper than map + unmap at that size, and such records hold no mapping); a larger one is
+//! mapped, and its records are zero-copy views of the map.
 //!
 //! Safety of the maps: segment files are private (0600, in a 0700 directory, opened with
 //! `O_NOFOLLOW`), and the engine never writes or truncates a segment after its writer
@@ -9,7 +13,8 @@
 //!
 //! # SIGBUS: what a caller must not do
 //!
-//! A record is a `Bytes` into a shared file mapping, so touching it reads the file. Two things
+//! A record of a mapped segment is a `Bytes` into a shared file mapping, so touching it reads
+//! the file. Two things
 //! turn that read into a `SIGBUS` (which kills the process unless it handles the signal), and
 //! the engine cannot turn either into an error:
 //! - **A media error** under the mapped range (the disk fails to read a page): the page fault
@@ -26,7 +31,9 @@
 //! with plain `read` instead of through the engine.
 
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use memmap2::{Advice, Mmap};
@@ -42,8 +49,9 @@ use crate::store::dir::TaskDir;
 struct MapOwner {
     map: Option<Mmap>,
     reaper: Reaper,
-    /// The state's token for this segment: alive while any `Bytes` into the map is.
-    _token: Arc<()>,
+    /// The state's count of live mappings of this segment (see `StateInner::maps`).
+    maps: Arc<[AtomicUsize]>,
+    index: usize,
 }
 
 impl AsRef<[u8]> for MapOwner {
@@ -56,6 +64,9 @@ impl Drop for MapOwner {
     fn drop(&mut self) {
         if let Some(m) = self.map.take() {
             self.reaper.reap(Reaped::Map(m));
+        }
+        if let Some(c) = self.maps.get(self.index) {
+            c.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -220,28 +231,40 @@ impl SpillReader {
         if len < HEADER_LEN {
             return Err(corrupt(size, "segment truncated inside its header"));
         }
-        // See the module docs: the file is private, opened without following links, and never
-        // written or truncated by the engine after its writer finished; the map covers only
-        // bytes that exist (`len <= size`).
-        let map = crate::sys::mem::map_segment(file.as_fd(), len)
-            .map_err(|e| SpillError::io("mmap", path(), e))?;
-        // Sequential doubles the readahead window. (WillNeed on the whole segment was tried:
-        // cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s, quickstart.)
-        let _ = map.advise(Advice::Sequential);
-        drop(file);
-        let hdr = segment::parse_header(&map).map_err(|d| corrupt(0, d))?;
         let core = state.core();
+        let bytes = if len <= core.cfg.read_buffer_max {
+            let mut buf = vec![0u8; len];
+            file.read_exact_at(&mut buf, 0)
+                .map_err(|e| SpillError::io("read", path(), e))?;
+            Bytes::from(buf)
+        } else {
+            // See the module docs: the file is private, opened without following links, and
+            // never written or truncated by the engine while a mapping of it is alive (a
+            // mapped segment does not go back to the pool); the map covers only bytes that
+            // exist (`len <= size`).
+            let map = crate::sys::mem::map_segment(file.as_fd(), len)
+                .map_err(|e| SpillError::io("mmap", path(), e))?;
+            // Sequential doubles the readahead window. (WillNeed on the whole segment was
+            // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
+            let _ = map.advise(Advice::Sequential);
+            if let Some(c) = state.maps.get(i) {
+                c.fetch_add(1, Ordering::AcqRel);
+            }
+            Bytes::from_owner(MapOwner {
+                map: Some(map),
+                reaper: core.io.reaper().clone(),
+                maps: state.maps.clone(),
+                index: i,
+            })
+        };
+        drop(file);
+        let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;
         if hdr.segment != seg || hdr.engine != core.id {
             return Err(corrupt(0, "header names another segment or engine"));
         }
         if hdr.generation != generation {
             return Err(corrupt(0, "header is of another use of this file"));
         }
-        let bytes = Bytes::from_owner(MapOwner {
-            map: Some(map),
-            reaper: core.io.reaper().clone(),
-            _token: state.maps.get(i).cloned().unwrap_or_default(),
-        });
         Ok(Mapped {
             bytes,
             off: HEADER_LEN,

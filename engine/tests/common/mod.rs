@@ -20,14 +20,17 @@ use std::time::Duration;
 
 use spillring::{BackendKind, Engine, EngineConfig, Metrics, WriteMode};
 
-/// A small-segment config on `root` with the given backend, with the segment pool off: most
-/// tests check the delete path, which a released state's files take only without the pool
-/// (`pool.rs` tests the pool, `pooled_cfg`).
+/// A small-segment config on `root` with the given backend, with the segment pool off and every
+/// segment mapped on read: most tests check the delete path, which a released state's files
+/// take only without the pool, and readers of mappings (`pool.rs` tests the pool and
+/// `corrupt.rs` both read paths, with `pooled_cfg`).
 pub fn cfg(root: &Path, backend: BackendKind) -> EngineConfig {
-    pooled_cfg(root, backend).pool_max_segments(0)
+    pooled_cfg(root, backend)
+        .pool_max_segments(0)
+        .read_buffer_max(0)
 }
 
-/// [`cfg`] with the segment pool at its defaults.
+/// A small-segment config with the segment pool and the read path at their defaults.
 pub fn pooled_cfg(root: &Path, backend: BackendKind) -> EngineConfig {
     EngineConfig::new(root)
         .backend(backend)
