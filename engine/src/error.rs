@@ -51,6 +51,20 @@ pub enum SpillError {
         source: io::Error,
     },
 
+    /// The process (EMFILE) or the system (ENFILE) has no file descriptor left. Nothing was
+    /// created; a writer that got this at a segment's creation stays usable, and the call can
+    /// be retried once descriptors are free (raise `RLIMIT_NOFILE`, or close spills).
+    #[error("no file descriptor left while {op} {path}: {source}")]
+    TooManyOpenFiles {
+        /// The operation that failed.
+        op: &'static str,
+        /// The file or directory it failed on.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
     /// A segment does not hold what was written: a torn, truncated or corrupt file. No bytes of
     /// the bad record were returned.
     #[error("corrupt segment {segment} ({path}) at offset {offset}: {detail}")]
@@ -128,12 +142,16 @@ pub enum SpillError {
 pub type Result<T, E = SpillError> = std::result::Result<T, E>;
 
 impl SpillError {
-    /// Builds the right variant for an OS error: ENOSPC and EDQUOT become [`SpillError::StorageFull`].
+    /// Builds the right variant for an OS error: ENOSPC and EDQUOT become
+    /// [`SpillError::StorageFull`], EMFILE and ENFILE [`SpillError::TooManyOpenFiles`].
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
         match source.raw_os_error() {
             Some(errno::ENOSPC) | Some(errno::EDQUOT) => {
                 SpillError::StorageFull { op, path, source }
+            }
+            Some(errno::EMFILE) | Some(errno::ENFILE) => {
+                SpillError::TooManyOpenFiles { op, path, source }
             }
             _ => SpillError::Io { op, path, source },
         }
@@ -152,7 +170,9 @@ impl SpillError {
     /// The OS error behind this error, if there is one.
     pub fn os_error(&self) -> Option<&io::Error> {
         match self {
-            SpillError::Io { source, .. } | SpillError::StorageFull { source, .. } => Some(source),
+            SpillError::Io { source, .. }
+            | SpillError::StorageFull { source, .. }
+            | SpillError::TooManyOpenFiles { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -174,6 +194,10 @@ pub(crate) mod errno {
     use rustix::io::Errno;
 
     /// No such file or directory.
+    /// The process has no file descriptor left.
+    pub(crate) const EMFILE: i32 = Errno::MFILE.raw_os_error();
+    /// The system has no file descriptor left.
+    pub(crate) const ENFILE: i32 = Errno::NFILE.raw_os_error();
     pub(crate) const ENOENT: i32 = Errno::NOENT.raw_os_error();
     /// I/O error (a device error).
     pub(crate) const EIO: i32 = Errno::IO.raw_os_error();

@@ -178,6 +178,10 @@ pub fn error_kind(e: &SpillError) -> &'static str {
         SpillError::Io { .. } => "Io",
         SpillError::InvalidConfig(_) => "InvalidConfig",
         SpillError::RecordTooLarge { .. } => "RecordTooLarge",
+        SpillError::TooManyOpenFiles { .. } => "TooManyOpenFiles",
+        SpillError::InvalidName { .. } => "InvalidName",
+        SpillError::StateShared { .. } => "StateShared",
+        SpillError::SegmentsExhausted { .. } => "SegmentsExhausted",
         SpillError::WriterFailed => "WriterFailed",
         _ => "Other",
     }

@@ -132,9 +132,9 @@ impl SpillWriter {
     /// thread; blocks only while `queue_depth` writes of this writer are in flight. A failure
     /// of an earlier write may be reported here.
     ///
-    /// `LedgerFull`, `QuotaExceeded` and `RecordTooLarge` leave the writer usable: the record
-    /// was not written, everything before it is intact, and the call can be retried. Any other
-    /// error deletes everything the writer created.
+    /// `LedgerFull`, `QuotaExceeded`, `RecordTooLarge` and `TooManyOpenFiles` leave the writer
+    /// usable: the record was not written, everything before it is intact, and the call can be
+    /// retried. Any other error deletes everything the writer created.
     pub fn write(&mut self, record: Bytes) -> Result<()> {
         self.begin(record)?;
         let r = self.step(&mut Wait::Block);
@@ -223,7 +223,8 @@ impl SpillWriter {
             Err(
                 e @ (SpillError::LedgerFull { .. }
                 | SpillError::QuotaExceeded { .. }
-                | SpillError::RecordTooLarge { .. }),
+                | SpillError::RecordTooLarge { .. }
+                | SpillError::TooManyOpenFiles { .. }),
             ) => {
                 self.placing = None;
                 Err(e)
