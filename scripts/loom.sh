@@ -8,7 +8,7 @@
 #
 #   loom_abortable_files_*  spill/writer/hook.rs   the abort flag against the file list (invariant 2)
 #   loom_grants_*           spill/grant.rs grant release and publish against scope close
-#   loom_dir_count_*        store/dir.rs a directory's file count and its close
+
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
 #   loom_sleep_wake_*       io/uring/wake.rs the ring thread's sleep/wake handshake
 #   loom_ledger_*           store/ledger.rs ticket reserve/grow/shrink/retain/release (1, 3)
@@ -56,7 +56,7 @@ run() {
 }
 
 start=$SECONDS
-run - loom_abortable_files loom_grants loom_dir_count loom_worker_batch
+run - loom_abortable_files loom_grants loom_worker_batch
 run 5 loom_lane_gate loom_sleep_wake
 run 3 loom_ledger
 echo "loom.sh: every model passed in $((SECONDS - start)) s"

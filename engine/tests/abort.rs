@@ -1,4 +1,4 @@
-//! The abort protocol and staged ownership (DESIGN invariants 2, 5, 6), on both backends.
+//! The abort protocol and staged ownership (invariants 2, 5, 6 in ARCHITECTURE.md), on both backends.
 //! After each scenario: no file under the root, no ticket held, no fd leaked.
 
 #[macro_use]

@@ -1,4 +1,4 @@
-//! Ticket before file (DESIGN invariant 1): a full ledger refuses the create with a typed error,
+//! Ticket before file (invariant 1 in ARCHITECTURE.md): a full ledger refuses the create with a typed error,
 //! no file appears, the writer keeps what it wrote, and capacity returns after deletes.
 
 #[macro_use]

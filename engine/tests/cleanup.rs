@@ -1,4 +1,4 @@
-//! The cleanup worker (DESIGN invariants 3, 4, 9): confirmed-batch progress, name-only
+//! The cleanup worker (invariants 3, 4, 9 in ARCHITECTURE.md): confirmed-batch progress, name-only
 //! records that keep their tickets and nothing else, rotation of failed records, immediate
 //! drain after a success, and bounded shutdown. On both backends.
 

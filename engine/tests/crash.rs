@@ -1,4 +1,4 @@
-//! Crash leaves nothing for good (DESIGN invariant 8): a real child process, killed by SIGKILL
+//! Crash leaves nothing for good (invariant 8 in ARCHITECTURE.md): a real child process, killed by SIGKILL
 //! while spilling, and a second live engine on the same root. The next open reclaims every
 //! file and directory of the dead process and leaves the live engine's files alone.
 
@@ -29,7 +29,8 @@ fn crash_child() {
         Ok("psync") => BackendKind::Psync,
         _ => BackendKind::Uring,
     };
-    let engine = Engine::open(cfg(&root, backend).segment_size(64 << 10)).unwrap();
+    // The pool on: the kill also leaves pooled files, which the next open must reclaim.
+    let engine = Engine::open(pooled_cfg(&root, backend).segment_size(64 << 10)).unwrap();
     let task = engine.task("doomed").unwrap();
     let mut states = Vec::new();
     for k in 0..3 {
@@ -39,6 +40,9 @@ fn crash_child() {
         }
         states.push(w.finish().unwrap());
     }
+    // One state released: its segments go to the pool.
+    drop(states.remove(0));
+    assert!(engine.metrics().pool_segments > 0, "{:?}", engine.metrics());
     let mut w = task.writer().unwrap();
     for i in 0..100 {
         w.write(Bytes::from(record(i, 1000))).unwrap();

@@ -1,4 +1,4 @@
-//! The first error wins (DESIGN invariant 7) and failed deletes keep their tickets
+//! The first error wins (invariant 7 in ARCHITECTURE.md) and failed deletes keep their tickets
 //! (invariant 3), through the fault plan, on both backends.
 
 #[macro_use]
