@@ -58,8 +58,9 @@ impl EngineInner {
         for t in tasks {
             t.close(true);
         }
-        // The pooled files go the way of every other file.
-        crate::cleanup::trim_pool(core);
+        // The pooled files go the way of every other file, and so do the files of a state
+        // released from now on.
+        crate::cleanup::close_pool(core);
         let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.

@@ -174,9 +174,20 @@ pub(crate) fn recycle(
     delete_segments(core, lane, rest);
 }
 
-/// Deletes every pooled file (shutdown, `Engine::trim_pool`); returns how many.
+/// Deletes every pooled file (`Engine::trim_pool`; at shutdown, `close_pool`); returns how
+/// many.
 pub(crate) fn trim_pool(core: &Arc<Core>) -> usize {
     let all = core.store.pool.drain();
+    delete_pooled(core, all)
+}
+
+/// Deletes every pooled file and closes the pool: the shutdown's part.
+pub(crate) fn close_pool(core: &Arc<Core>) -> usize {
+    let all = core.store.pool.close();
+    delete_pooled(core, all)
+}
+
+fn delete_pooled(core: &Arc<Core>, all: Vec<SegmentEntry>) -> usize {
     let n = all.len();
     Counters::add(&core.counters.pool_trims, n as u64);
     delete_segments(core, 0, all);

@@ -29,6 +29,8 @@ struct Pooled {
     per_root: Vec<Vec<SegmentEntry>>,
     count: usize,
     bytes: u64,
+    /// Set by [`SegmentPool::close`] (shutdown): nothing enters the pool any more.
+    closed: bool,
 }
 
 /// What the pool holds now.
@@ -55,6 +57,7 @@ impl SegmentPool {
                 per_root: (0..roots).map(|_| Vec::new()).collect(),
                 count: 0,
                 bytes: 0,
+                closed: false,
             }),
         }
     }
@@ -69,7 +72,8 @@ impl SegmentPool {
         let size = size_of(&e);
         let root = e.dir.parent.root;
         let mut p = self.inner.lock();
-        if p.count >= self.max_segments
+        if p.closed
+            || p.count >= self.max_segments
             || p.bytes.saturating_add(size) > self.max_bytes
             || root >= p.per_root.len()
         {
@@ -106,6 +110,13 @@ impl SegmentPool {
         p.count = 0;
         p.bytes = 0;
         p.per_root.iter_mut().flat_map(std::mem::take).collect()
+    }
+
+    /// Every pooled file, and no file enters the pool from now on (shutdown: a state released
+    /// after it deletes its files instead of pooling them where nobody would trim them).
+    pub(crate) fn close(&self) -> Vec<SegmentEntry> {
+        self.inner.lock().closed = true;
+        self.drain()
     }
 
     /// What the pool holds now.
