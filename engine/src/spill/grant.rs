@@ -173,13 +173,16 @@ impl<T> Grants<T> {
 
 /// What a state's handles share: its files under their [`Grants`], and where to hand them back.
 pub(crate) struct StateInner {
-    pub(crate) task: Arc<TaskShared>,
+    core: Arc<Core>,
+    /// The scope the state is registered with (its backstop), and its id there. Changed only
+    /// by [`StateInner::move_to`]; the lock orders a move against an unregistration.
+    scope: parking_lot::Mutex<Arc<TaskShared>>,
     /// The I/O lane the state's deletes go to (its writer's).
     pub(crate) lane: usize,
     pub(crate) segments: usize,
     pub(crate) files: Grants<SegmentEntry>,
     /// Its id in the scope's registry (stored right after registration).
-    pub(crate) scope_id: AtomicU64,
+    scope_id: AtomicU64,
     pub(crate) bytes: u64,
     /// Live mappings per segment (a mapping lives while any `Bytes` into it does): a mapped
     /// segment never goes back to the pool. One allocation for all segments.
@@ -198,7 +201,44 @@ impl std::fmt::Debug for StateInner {
 
 impl StateInner {
     pub(crate) fn core(&self) -> &Arc<Core> {
-        self.task.core()
+        &self.core
+    }
+
+    /// The scope the state is registered with now.
+    pub(crate) fn task(&self) -> Arc<TaskShared> {
+        self.scope.lock().clone()
+    }
+
+    /// Records the id the state got in its scope's registry.
+    pub(crate) fn set_scope_id(&self, id: u64) {
+        self.scope_id.store(id, Ordering::Release);
+    }
+
+    /// Takes the state out of its scope's registry (its files went by release or publish).
+    pub(crate) fn unregister(&self) {
+        let scope = self.scope.lock();
+        scope.unregister(self.scope_id.load(Ordering::Acquire));
+    }
+
+    /// Moves the state's registration to scope `to` in one step: `to` closes it from then on.
+    /// `Aborted` if its scope already closed it (or `to` is closed: then `to` closed it).
+    pub(crate) fn move_to(self: &Arc<Self>, to: Arc<TaskShared>) -> Result<()> {
+        let mut scope = self.scope.lock();
+        if Arc::ptr_eq(&scope, &to) {
+            return if self.is_aborted() {
+                Err(SpillError::Aborted)
+            } else {
+                Ok(())
+            };
+        }
+        if !scope.take_member(self.scope_id.load(Ordering::Acquire)) {
+            // The old scope closed (and so closed the state), or the files are gone.
+            return Err(SpillError::Aborted);
+        }
+        let id = to.register(self.clone())?;
+        self.scope_id.store(id, Ordering::Release);
+        *scope = to;
+        Ok(())
     }
 
     pub(crate) fn is_aborted(&self) -> bool {
@@ -226,7 +266,8 @@ impl StateInner {
             maps: entries.iter().map(|_| AtomicUsize::new(0)).collect(),
             files: Grants::new(entries),
             scope_id: AtomicU64::new(0),
-            task,
+            core: task.core().clone(),
+            scope: parking_lot::Mutex::new(task),
             lane,
         }
     }
@@ -243,7 +284,7 @@ impl StateInner {
         let Some(entries) = self.files.release() else {
             return;
         };
-        self.task.unregister(self.scope_id.load(Ordering::Acquire));
+        self.unregister();
         let mapped = |i: usize| {
             self.maps
                 .get(i)

@@ -196,7 +196,7 @@ impl SpillReader {
         };
         let name = SegmentFileName::new(seg);
         let path = || dir.path.join(name.as_str());
-        let task_plan = state.task.fault_plan();
+        let task_plan = state.task().fault_plan();
         let _ = crate::fault::check2(
             task_plan.as_ref(),
             &state.core().fault,

@@ -10,7 +10,6 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::cleanup::delete_segments;
 use crate::core::Core;
@@ -25,6 +24,12 @@ use crate::store::entry::SegmentEntry;
 
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
 /// on the files (see the module docs). `Clone` takes another grant.
+///
+/// Lifetime: a state is registered with the scope of the task that made it, which is its
+/// backstop: when that scope closes (`close`, `cancel`, or its last `TaskSpill` dropped), the
+/// state is aborted and its files deleted, even while grants are alive. To hand a state to a
+/// stage that outlives the producing task, the consuming task calls
+/// [`crate::TaskSpill::adopt`] before the producer's scope closes.
 #[derive(Debug)]
 pub struct SpilledState {
     grant: Grant,
@@ -44,7 +49,7 @@ impl SpilledState {
         // Until the id is stored, a release would unregister id 0, which is never used; the
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
-        inner.scope_id.store(id, Ordering::Release);
+        inner.set_scope_id(id);
         Ok(SpilledState {
             grant: Grant(inner),
         })
@@ -67,6 +72,11 @@ impl SpilledState {
             return Err(SpillError::Aborted);
         }
         Ok(SpillReader::new(self.grant))
+    }
+
+    /// Moves the state's registration to `to` (see [`crate::TaskSpill::adopt`]).
+    pub(crate) fn move_to(&self, to: Arc<TaskShared>) -> Result<()> {
+        self.inner().move_to(to)
     }
 
     /// Number of segment files.
@@ -112,7 +122,7 @@ impl SpilledState {
         let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         let entries = inner.files.begin_publish()?;
         let core = inner.core().clone();
-        let task_plan = inner.task.fault_plan();
+        let task_plan = inner.task().fault_plan();
         let _ = crate::fault::check2(
             task_plan.as_ref(),
             &core.fault,
@@ -158,16 +168,12 @@ impl SpilledState {
             tracing::warn!(published = ?out, error = %err, "publish failed part way; the rest are deleted");
             delete_segments(&core, inner.lane, rest);
             inner.files.end_publish();
-            inner
-                .task
-                .unregister(inner.scope_id.load(Ordering::Acquire));
+            inner.unregister();
             return Err(err);
         }
         let out = forget_published(&core, dest, prefix, entries);
         inner.files.end_publish();
-        inner
-            .task
-            .unregister(inner.scope_id.load(Ordering::Acquire));
+        inner.unregister();
         Ok(out)
     }
 }

@@ -88,6 +88,13 @@ impl TaskShared {
         self.registry.lock().members.remove(&id);
     }
 
+    /// Takes member `id` out of an open scope; false if the scope is closed (it closed the
+    /// member) or `id` is not registered.
+    pub(crate) fn take_member(&self, id: u64) -> bool {
+        let mut r = self.registry.lock();
+        !r.closed && r.members.remove(&id).is_some()
+    }
+
     /// Replaces member `old` by `new` in one step (the hand-off from writer to state). On a
     /// closed scope, closes `new` at once and fails with `Aborted`.
     pub(crate) fn replace(&self, old: u64, new: Arc<dyn Member>) -> Result<u64> {
@@ -217,6 +224,17 @@ impl TaskSpill {
     /// or a load generator pause one chosen task between a file creation and its abort check.
     pub fn set_fault_plan(&self, plan: Arc<FaultPlan>) {
         *self.shared.fault.lock() = Some(plan);
+    }
+
+    /// Makes this scope the backstop of `state`, made by another task's scope: from now on the
+    /// state's files outlive the producing scope, and this scope's close (or cancel) deletes
+    /// them if the state is still alive then. The stage-to-stage hand-off: the producer
+    /// finishes, the consumer adopts, and the producer's scope may then close. `Aborted` if
+    /// the producing scope closed first (the files are gone), or if this scope is closed (then
+    /// the state is closed and its files deleted on the spot). Adopting a state twice into the
+    /// same scope is a no-op.
+    pub fn adopt(&self, state: &crate::SpilledState) -> Result<()> {
+        state.move_to(self.shared.clone())
     }
 
     /// True if closed by `cancel`.
