@@ -11,7 +11,7 @@
 //! let engine = Engine::open(EngineConfig::new("/var/tmp/spill").mode(WriteMode::Buffered))?;
 //! let task = engine.task("task-42")?;
 //! let mut w = task.writer()?;
-//! w.write(bytes::Bytes::from_static(b"a record"))?;
+//! w.write(spillring::Bytes::from_static(b"a record"))?;
 //! let state = w.finish()?;
 //! let mut r = state.reader()?;
 //! while let Some(rec) = r.next_record()? {
