@@ -68,23 +68,21 @@ def save(out, name, doc, meta):
 # --------------------------------------------------------------------------------------------
 # dhat sites
 
+ENGINE_SRC = os.path.join(REPO, "engine", "src")
+# Every engine source file, as its path under engine/src ("spill/writer/mod.rs").
 ENGINE_FILES = set()
-for base in ("engine/src", "engine/src/io"):
-    d = os.path.join(REPO, base)
-    if os.path.isdir(d):
-        ENGINE_FILES.update(f for f in os.listdir(d) if f.endswith(".rs"))
+for d, _, files in os.walk(ENGINE_SRC):
+    ENGINE_FILES.update(os.path.relpath(os.path.join(d, f), ENGINE_SRC) for f in files if f.endswith(".rs"))
 
 
 def engine_frame(frame):
-    """'fn (engine/src/x.rs:12:3)' for an engine frame, else None."""
-    m = re.search(r"^(?:0x[0-9a-f]+: )?(.*) \(((?:engine/)?src/(?:io/)?([a-z_]+\.rs)):(\d+):\d+\)$", frame)
-    if not m or m.group(3) not in ENGINE_FILES:
+    """'fn (engine/src/x.rs:12:3)' for an engine frame, else None. Backtraces name engine files
+    as engine/src/..., src/... or relative to src (spill/writer/mod.rs)."""
+    m = re.search(r"^(?:0x[0-9a-f]+: )?(.*) \((?:engine/)?(?:src/)?((?:[a-z_]+/)*[a-z_]+\.rs):(\d+):\d+\)$", frame)
+    if not m or m.group(2) not in ENGINE_FILES:
         return None
-    path = m.group(2)
-    if not path.startswith("engine/"):
-        path = "engine/" + path
     fn = re.sub(r"<.*", "", m.group(1))
-    return f"{fn} ({path}:{m.group(4)})"
+    return f"{fn} (engine/src/{m.group(2)}:{m.group(3)})"
 
 
 def dhat_sites(path, key, per, top=14):
@@ -648,8 +646,9 @@ def main():
         md += [rep["what"] + ".", "",
                f"{rep['bytes_per_round'] / 2**20:.0f} MiB per round in {rep['record_bytes'] // 2**10} KiB records, {rep['rounds']} rounds on one"
                f" engine per configuration (backend {rep['engine']['backend']}, {rep['engine']['write_mode']} mode), root `{rep['root']}`.",
-               "Each round runs engine pool on, fio, engine pool off (the order reversed every round); MB/s is the write +",
-               "`finish` part, the read-back is context. The figures are medians over rounds "
+               "Each round runs fio, one engine, fio, the other engine (pool on first in odd rounds, pool off first in even",
+               "ones), so every engine run follows a fio run; the round's fio MB/s is the mean of its two fio runs. MB/s is the",
+               "write + `finish` part, the read-back is context. The figures are medians over rounds "
                f"{rep['counted_rounds']} of the per-round ratios (round 1 is the pool's cold round, shown, not counted).", "",
                f"fio: {rep['fio_note']}" + (f", {rep['fio_version']}: `{rep['fio_command']}`" if rep.get("fio_command") else "") + ".", "",
                table(["round", "counted", "pool on MB/s", "pool off MB/s", "fio MB/s", "on / fio", "on / off",
