@@ -11,9 +11,13 @@
 //! In the same run, interleaved: a second engine with the pool off (`pool_max_segments(0)`),
 //! and fio on the job `scripts/fio-baseline.sh` uses (io_uring, O_DIRECT, 1 MiB blocks, queue
 //! depth 8, fixed buffers and registered files, one file of the same size, fio's default
-//! fallocate, unlinked after the run), if `fio` is installed. Each round runs pool on, fio,
-//! pool off, the order reversing every round, so fio runs between the engines' rounds and drift
-//! hits all three alike.
+//! fallocate, unlinked after the run), if `fio` is installed. Each round runs fio, pool on, fio,
+//! pool off (pool off first in every other round), so fio runs between the engines' rounds,
+//! drift hits all three alike, and every engine run follows a fio run (on this host an engine
+//! run is measurably faster right after a run of the same engine than right after fio, which
+//! an order like on-fio-off / off-fio-on would turn into a bias of the median). The round's fio
+//! figure is the mean of its two fio runs. Without fio the engines alternate as on, off / off,
+//! on.
 //!
 //! Goals (issue): the median over rounds 2-6 of the per-round ratio pool-on MB/s / fio MB/s
 //! at least 0.9, and of pool-on / pool-off at least 2; each reported with the number of pairs
@@ -176,18 +180,22 @@ fn main() {
     let mut rows = Vec::new();
     let (mut on_mb, mut off_mb, mut fio_mb) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut order = ["on", "fio", "off"];
+        let mut engines = ["on", "off"];
         if round % 2 == 1 {
-            order.reverse();
+            engines.reverse();
         }
-        let (mut r_on, mut r_off, mut r_fio) = (None, None, None);
-        for side in order {
+        let (mut r_on, mut r_off, mut r_fio) = (None, None, Vec::new());
+        for side in engines {
+            if fio.is_some() {
+                r_fio.push(fio_round(&fio_job));
+            }
             match side {
                 "on" => r_on = Some(engine_round(&on, &recs, bytes, round)),
-                "off" => r_off = Some(engine_round(&off, &recs, bytes, round)),
-                _ => r_fio = fio.as_ref().map(|_| fio_round(&fio_job)),
+                _ => r_off = Some(engine_round(&off, &recs, bytes, round)),
             }
         }
+        let fio_runs = r_fio.clone();
+        let r_fio = (!r_fio.is_empty()).then(|| r_fio.iter().sum::<f64>() / r_fio.len() as f64);
         let (r_on, r_off) = (r_on.expect("pool-on round"), r_off.expect("pool-off round"));
         eprintln!(
             "repeat round {}: pool on {:>6.0} MB/s ({} hits, {} misses), pool off {:>6.0} MB/s, fio {}",
@@ -207,6 +215,7 @@ fn main() {
             "pool_on_mb_s": r_on.write_mb_s,
             "pool_off_mb_s": r_off.write_mb_s,
             "fio_mb_s": r_fio,
+            "fio_runs_mb_s": fio_runs,
             "pool_on_vs_fio": r_fio.map(|f| r_on.write_mb_s / f),
             "pool_on_vs_pool_off": r_on.write_mb_s / r_off.write_mb_s,
             "pool_on_read_mb_s": r_on.read_mb_s,
