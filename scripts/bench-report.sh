@@ -2,9 +2,10 @@
 # bench-report.sh: one command for the whole performance story of issue 4.
 #
 # Runs every bench of the spillring-benches crate (capacity, hot_path, throughput, ledger,
-# cleanup), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine path of every
+# cleanup, repeat), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine path of every
 # missed goal with `perf record -e cpu-clock`, and writes into the output directory:
-#   capacity.json hot-path.json throughput.json ledger.json cleanup.json fio-baseline.json
+#   capacity.json hot-path.json throughput.json ledger.json cleanup.json repeat.json
+#   fio-baseline.json
 #   REPORT.md (goal beside every figure, commit, machine, command) and SVG plots.
 #
 # Usage: scripts/bench-report.sh [--quick] [--out DIR] [--no-fio] [--no-profile]
@@ -32,7 +33,7 @@ while [[ $# -gt 0 ]]; do
         --out) out=$2; shift 2 ;;
         --no-fio) fio=0; shift ;;
         --no-profile) profile=0; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "bench-report.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -64,7 +65,7 @@ start=$(date +%s)
 echo "bench-report: cargo bench (quick=$quick), raw results in $raw" >&2
 set +e
 cargo bench -p spillring-benches 2>&1 | tee "$raw/cargo-bench.log" \
-    | { grep -E '^(capacity|hot_path|throughput round|cleanup|spillring-bench|error)|time:|panicked' >&2 || true; }
+    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|spillring-bench|error)|time:|panicked' >&2 || true; }
 status=${PIPESTATUS[0]}
 set -e
 if (( status != 0 )); then

@@ -46,6 +46,9 @@ impl Rig {
                 .cleanup_retry_delay(Duration::from_secs(3600))
                 .cleanup_batch(1000)
                 .shutdown_budget(Duration::from_millis(200))
+                // The segment pool would keep released files for reuse instead of deleting
+                // them; these figures are about the deletes.
+                .pool_max_segments(0)
                 .fault_plan(plan.clone()),
         )
         .expect("open engine");
