@@ -923,7 +923,7 @@ impl Run<'_> {
             Err(SpillError::Closed {
                 what: "published state",
             }) if g.published.get() => {}
-            Err(SpillError::InvalidConfig(_)) if grants > 1 => {}
+            Err(SpillError::StateShared { .. }) if grants > 1 => {}
             Err(SpillError::Aborted) if life != Life::Open => {}
             Err(e) => self.fail(format!(
                 "publish (task {life:?}, published {}, grants {grants}): {e:?}",
