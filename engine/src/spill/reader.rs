@@ -219,25 +219,29 @@ impl SpillReader {
             detail,
         };
         let file = std::fs::File::from(fd);
-        let size = file
-            .metadata()
-            .map_err(|e| SpillError::io("stat", path(), e))?
-            .len();
         let end = usize::try_from(written)
             .map_err(|_| corrupt(0, "segment larger than the address space"))?;
-        // A truncated file is mapped as far as it goes: records before the cut are returned,
-        // the one crossing it is reported at its offset.
-        let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
-        if len < HEADER_LEN {
-            return Err(corrupt(size, "segment truncated inside its header"));
-        }
         let core = state.core();
-        let bytes = if len <= core.cfg.read_buffer_max {
-            let mut buf = vec![0u8; len];
-            file.read_exact_at(&mut buf, 0)
-                .map_err(|e| SpillError::io("read", path(), e))?;
+        // A truncated file is read (or mapped) as far as it goes: records before the cut are
+        // returned, the one crossing it is reported at its offset.
+        let bytes = if end <= core.cfg.read_buffer_max {
+            // One pread of the written length; a short read is a truncated file (no fstat).
+            let mut buf = vec![0u8; end];
+            let got = read_up_to(&file, &mut buf).map_err(|e| SpillError::io("read", path(), e))?;
+            if got < HEADER_LEN {
+                return Err(corrupt(got as u64, "segment truncated inside its header"));
+            }
+            buf.truncate(got);
             Bytes::from(buf)
         } else {
+            let size = file
+                .metadata()
+                .map_err(|e| SpillError::io("stat", path(), e))?
+                .len();
+            let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
+            if len < HEADER_LEN {
+                return Err(corrupt(size, "segment truncated inside its header"));
+            }
             // See the module docs: the file is private, opened without following links, and
             // never written or truncated by the engine while a mapping of it is alive (a
             // mapped segment does not go back to the pool); the map covers only bytes that
@@ -274,4 +278,18 @@ impl SpillReader {
             dir,
         })
     }
+}
+
+/// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.
+fn read_up_to(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
