@@ -19,6 +19,8 @@ per_backend!(
     cancel_of_a_writer_on_a_reused_file_deletes_it_once,
     a_full_ledger_trims_the_pool_before_refusing,
     the_pool_keeps_its_bounds,
+    the_pool_keeps_its_byte_bound_exactly,
+    a_pool_turned_off_takes_no_part,
     shutdown_empties_the_pool,
 );
 
@@ -56,7 +58,11 @@ fn a_reused_file_shows_only_its_last_use(b: BackendKind) {
         "the pooled file was reused"
     );
     let m = engine.metrics();
-    assert_eq!((m.pool_hits, m.pool_segments), (1, 0), "{m:?}");
+    assert_eq!(
+        (m.pool_hits, m.pool_segments, m.pool_bytes),
+        (1, 0, 0),
+        "{m:?}"
+    );
     let got = read_all(&short);
     assert_eq!(got.len(), 3, "records of the earlier use were returned");
     for (k, rec) in got.iter().enumerate() {
@@ -189,6 +195,56 @@ fn the_pool_keeps_its_bounds(b: BackendKind) {
     assert_eq!(segment_files(dir.path()), 2);
     task.close();
     assert_clean(&engine, dir.path());
+}
+
+/// `pool_max_bytes` holds to the byte: a release whose segment would pass it deletes that
+/// segment, one that lands exactly on it keeps it.
+fn the_pool_keeps_its_byte_bound_exactly(b: BackendKind) {
+    // One 200,000-byte record per 256 KiB segment (a second would pass it): header + frame.
+    const FULL: u64 = 64 + 8 + 200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).pool_max_bytes(2 * FULL)).unwrap();
+    let task = engine.task("bytes").unwrap();
+    let st = spill(&task, 0, 4, 200_000);
+    assert_eq!(st.segments(), 4);
+    drop(st);
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(
+        (m.pool_segments, m.pool_bytes, m.files_deleted, m.pool_trims),
+        (2, 2 * FULL, 2, 2),
+        "{m:?}"
+    );
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// With either bound at 0 the pool is off: writers neither take from it nor count misses, and
+/// released files are deleted.
+fn a_pool_turned_off_takes_no_part(b: BackendKind) {
+    for segments_off in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = pooled_cfg(dir.path(), b);
+        let cfg = if segments_off {
+            cfg.pool_max_segments(0)
+        } else {
+            cfg.pool_max_bytes(0)
+        };
+        let engine = Engine::open(cfg).unwrap();
+        let task = engine.task("off").unwrap();
+        for k in 0..3 {
+            drop(spill(&task, k * 10, 10, 1000));
+        }
+        assert!(engine.settle(T));
+        let m = engine.metrics();
+        assert_eq!(
+            (m.pool_hits, m.pool_misses, m.pool_segments, m.files_deleted),
+            (0, 0, 0, 3),
+            "segments_off {segments_off}: {m:?}"
+        );
+        task.close();
+        assert_clean(&engine, dir.path());
+    }
 }
 
 /// A shutdown deletes the pooled files with everything else.
