@@ -1,5 +1,5 @@
 //! The eventfd a sender writes to wake a ring thread sleeping in `io_uring_enter`
-//! (see `crate::io::wake`).
+//! (see `io/uring/wake.rs`).
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};

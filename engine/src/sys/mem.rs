@@ -1,5 +1,5 @@
 //! The one file mapping the engine makes: a finished segment, mapped read-only for the
-//! zero-copy reader (`crate::spill::reader`). (The staging buffers are anonymous maps, which
+//! zero-copy reader (`spill/reader.rs`). (The staging buffers are anonymous maps, which
 //! `memmap2` makes without `unsafe`.)
 
 use std::io;
@@ -9,7 +9,7 @@ use memmap2::{Mmap, MmapOptions};
 
 /// Maps the first `len` bytes of the segment file `fd` read-only and shared.
 ///
-/// For segment files only, under the contract in `crate::spill::reader`'s module docs: the file is
+/// For segment files only, under the contract in `spill/reader.rs`'s module docs: the file is
 /// private to the engine (0600, in a 0700 directory, opened with `O_NOFOLLOW`), its writer has
 /// finished, and the engine never writes, truncates or `fallocate`s it again while a map of
 /// it lives. The caller passes `len <= ` the file's size as it just read it (`fstat`), so the
@@ -20,7 +20,7 @@ pub(crate) fn map_segment(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mmap> {
     // contract above the engine does neither: a segment is private, opened without following
     // links, and never written, truncated or `fallocate`d after its writer finished, and the
     // map covers only bytes that existed when it was made. What the engine cannot exclude is
-    // documented in `crate::spill::reader` ("SIGBUS: what a caller must not do"): a media error
+    // documented in `spill/reader.rs` ("SIGBUS: what a caller must not do"): a media error
     // under the map, or a caller (or another process of the same user) truncating or
     // overwriting a published file while `Bytes` read from it are alive. A shrunk file or a
     // failed page-in raises `SIGBUS` on access rather than returning bytes.
