@@ -38,33 +38,19 @@ pub fn write_run(
         for i in 0..n {
             let b = Instant::now();
             if inflight.len() == in_flight
-                && let Some((fut, at_off)) = inflight.pop_front()
+                && let Some((fut, at_off, rec)) = inflight.pop_front()
             {
-                let (r, _): (io::Result<usize>, Bytes) = fut.await;
-                let done = r.map_err(at("tokio-uring write"))?;
-                if done < len {
-                    // A short write: finish it before going on.
-                    let (r, _) = file
-                        .write_all_at(recs[0].slice(done..), at_off + done as u64)
-                        .await;
-                    r.map_err(at("tokio-uring write_all_at"))?;
-                }
+                complete(&file, fut, at_off, rec).await?;
             }
-            let fut = file.write_at(recs[i % recs.len()].clone(), off).submit();
-            inflight.push_back((fut, off));
+            let rec = &recs[i % recs.len()];
+            let fut = file.write_at(rec.clone(), off).submit();
+            inflight.push_back((fut, off, rec.clone()));
             off += len as u64;
             in_api += b.elapsed();
         }
         let b = Instant::now();
-        while let Some((fut, at_off)) = inflight.pop_front() {
-            let (r, _): (io::Result<usize>, Bytes) = fut.await;
-            let done = r.map_err(at("tokio-uring write"))?;
-            if done < len {
-                let (r, _) = file
-                    .write_all_at(recs[0].slice(done..), at_off + done as u64)
-                    .await;
-                r.map_err(at("tokio-uring write_all_at"))?;
-            }
+        while let Some((fut, at_off, rec)) = inflight.pop_front() {
+            complete(&file, fut, at_off, rec).await?;
         }
         in_api += b.elapsed();
         let caller_cpu = thread_cpu() - tc0;
@@ -84,4 +70,23 @@ pub fn write_run(
     })?;
     std::fs::remove_file(&path).map_err(at("remove the baseline file"))?;
     Ok(run)
+}
+
+/// Awaits one submitted write of `rec` at `off`; a short write is finished (with the rest of
+/// the same record) before going on.
+async fn complete(
+    file: &tokio_uring::fs::File,
+    fut: impl std::future::Future<Output = (io::Result<usize>, Bytes)>,
+    off: u64,
+    rec: Bytes,
+) -> io::Result<()> {
+    let (r, _) = fut.await;
+    let done = r.map_err(at("tokio-uring write"))?;
+    if done < rec.len() {
+        let (r, _) = file
+            .write_all_at(rec.slice(done..), off + done as u64)
+            .await;
+        r.map_err(at("tokio-uring write_all_at"))?;
+    }
+    Ok(())
 }
