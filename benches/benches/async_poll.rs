@@ -113,7 +113,7 @@ fn payload(t: usize, i: usize) -> Bytes {
 /// Reads the next record. The "after" tree has `next_record_async`; the "before" tree
 /// called `next_record` here (see the module docs).
 async fn read_next(r: &mut spillring::SpillReader) -> spillring::Result<Option<Bytes>> {
-    r.next_record()
+    r.next_record_async().await
 }
 
 async fn one_task(engine: Engine, t: usize, stats: Arc<Stats>) -> usize {

@@ -8,6 +8,7 @@
 mod buf;
 mod gate;
 mod lane;
+mod offload;
 mod op;
 mod psync;
 mod reaper;
@@ -16,6 +17,7 @@ pub(crate) mod uring;
 pub(crate) use buf::{BufferPool, IoBuf};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
+pub(crate) use offload::{Offload, Offloaded};
 pub(crate) use op::*;
 pub(crate) use reaper::{Reaped, Reaper, ReaperThread};
 
@@ -40,6 +42,7 @@ pub(crate) struct IoHandle {
     pool: Arc<BufferPool>,
     reaper: Reaper,
     fault: Option<Arc<FaultPlan>>,
+    offload: Offload,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -112,12 +115,18 @@ impl IoHandle {
             pool: setup.pool.clone(),
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
+            offload: Offload::new(),
         }
     }
 
     /// The staging buffers.
     pub(crate) fn pool(&self) -> &Arc<BufferPool> {
         &self.pool
+    }
+
+    /// The pool that runs the blocking steps of `_async` calls off the caller's thread.
+    pub(crate) fn offload(&self) -> &Offload {
+        &self.offload
     }
 
     /// The reaper that closes fds off the hot path.

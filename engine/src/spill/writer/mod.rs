@@ -26,7 +26,7 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
 use crate::format::segment::MAX_RECORD;
-use crate::io::IoBuf;
+use crate::io::{IoBuf, Offloaded};
 use crate::metrics::Counters;
 use crate::spill::state::SpilledState;
 use crate::spill::task::TaskShared;
@@ -51,7 +51,7 @@ pub use slot::RecordSlot;
 
 use hook::WriterShared;
 use place::Placing;
-use rotate::OpenSegment;
+use rotate::{OpenSegment, Opened, trim_allocations};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -72,6 +72,8 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     staging: Option<IoBuf>,
     placing: Option<Placing>,
+    /// An async rotation running on the offload pool (see `rotate.rs`).
+    opening: Option<Offloaded<Result<Opened>>>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -123,6 +125,7 @@ impl SpillWriter {
             seg: None,
             staging: None,
             placing: None,
+            opening: None,
             life: Life::Open,
             core,
         })
@@ -169,11 +172,12 @@ impl SpillWriter {
         self.check_open()?;
         let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
         self.settle(r)?;
-        self.trim_allocations();
+        trim_allocations(&self.shared, self.direct);
         self.hand_off()
     }
 
-    /// The async form of [`SpillWriter::finish`].
+    /// The async form of [`SpillWriter::finish`]. Trimming the preallocated tails (an open
+    /// and an `ftruncate` per segment) runs on the engine's offload pool, not in a poll.
     pub async fn finish_async(mut self) -> Result<SpilledState> {
         self.check_open()?;
         let r = poll_fn(|cx| {
@@ -183,7 +187,15 @@ impl SpillWriter {
         })
         .await;
         self.settle(r)?;
-        self.trim_allocations();
+        if rotate::needs_trim(&self.shared) {
+            let (shared, direct) = (self.shared.clone(), self.direct);
+            let mut job = self
+                .core
+                .io
+                .offload()
+                .run(move || trim_allocations(&shared, direct));
+            poll_fn(|cx| job.poll(cx)).await;
+        }
         self.hand_off()
     }
 
@@ -199,8 +211,10 @@ impl SpillWriter {
         if self.shared.files.is_aborted() {
             return Err(self.observe_abort());
         }
-        if self.placing.is_some() {
+        if self.placing.is_some() || self.opening.is_some() {
             // A write_async future was dropped half way: the stream may hold a torn record.
+            // (Or an async call was dropped while its rotation ran on the offload pool: the
+            // segment it records is not this writer's open one.)
             return Err(self.fail(SpillError::WriterFailed));
         }
         Ok(())
@@ -286,6 +300,7 @@ impl SpillWriter {
 
     fn release_io(&mut self) {
         self.placing = None;
+        self.opening = None;
         self.staging = None;
         self.seg = None;
     }

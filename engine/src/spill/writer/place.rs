@@ -132,7 +132,10 @@ impl SpillWriter {
             ready_ok!(self.poll_seal(wait));
         }
         let Some(seg) = &mut self.seg else {
-            return Poll::Ready(self.open_segment(need));
+            return match wait {
+                Wait::Block => Poll::Ready(self.open_segment(need)),
+                Wait::Async(cx) => self.poll_open_segment(need, cx),
+            };
         };
         if seg.logical + need > seg.reserved {
             // Only an empty segment gets here (a dropped `RecordSlot` opened it): the record
