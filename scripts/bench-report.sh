@@ -65,7 +65,7 @@ start=$(date +%s)
 echo "bench-report: cargo bench (quick=$quick), raw results in $raw" >&2
 set +e
 cargo bench -p spillring-benches 2>&1 | tee "$raw/cargo-bench.log" \
-    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|spillring-bench|error)|time:|panicked' >&2 || true; }
+    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|async_poll|spillring-bench|error)|time:|panicked' >&2 || true; }
 status=${PIPESTATUS[0]}
 set -e
 if (( status != 0 )); then

@@ -18,9 +18,15 @@
 //! Modes interleave (buffered, direct, buffered, ...) for `REPS` repetitions each; the JSON
 //! gives every run and per mode the median and min/max over repetitions.
 //!
-//! Goal: no poll of an `_async` call longer than 10 ms (the rule "an `_async` call never makes
-//! a blocking syscall on the caller's thread" leaves only copies into staging buffers inside a
-//! poll; 10 ms is also the issue's threshold for a blocked worker).
+//! Each poll is also measured on the worker thread itself (`getrusage(RUSAGE_THREAD)` and
+//! `CLOCK_THREAD_CPUTIME_ID` around it): its CPU time, and whether the thread slept in the
+//! kernel during it (a voluntary context switch: a blocking syscall, a page fault that waited
+//! for the disk, a lock that parked). On a shared machine a poll's wall time mostly measures
+//! preemption (another process ran), which these two do not count.
+//!
+//! Goal (the async rule, "an `_async` call never makes a blocking syscall on the caller's
+//! thread"): no poll during which the worker slept in the kernel (`polls_blocked` = 0 in every
+//! run). The longest poll (wall and CPU), polls over 10 ms and the timer are context.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +42,8 @@ use spillring_benches::{KIB, MIB, engine_info, median, quick, scratch, test_mode
 
 const RECORD: usize = 64 * KIB;
 const SLOW_POLL: Duration = Duration::from_millis(10);
-const GOAL_MAX_POLL_MS: f64 = 10.0;
+/// Polls during which the worker thread slept in the kernel, per run: the async rule.
+const GOAL_POLLS_BLOCKED: f64 = 0.0;
 
 /// The longest poll and the count of slow polls of one kind of call.
 #[derive(Default)]
@@ -44,15 +51,50 @@ struct PollStats {
     max_ns: AtomicU64,
     slow: AtomicU64,
     polls: AtomicU64,
+    /// The most CPU time (user + system) the worker thread spent in one poll.
+    max_cpu_ns: AtomicU64,
+    /// Polls over 10 ms of thread CPU time.
+    slow_cpu: AtomicU64,
+    /// Polls during which the worker thread slept in the kernel (a voluntary context switch:
+    /// blocking I/O, a page fault that waited for the disk, a lock that parked).
+    blocked: AtomicU64,
+}
+
+/// What the calling thread used so far: CPU time (ns) and voluntary context switches.
+fn thread_usage() -> (u64, u64) {
+    // SAFETY: getrusage and clock_gettime write into the zeroed structs passed; both are
+    // checked (a failure reads as zero).
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        let nvcsw = if libc::getrusage(libc::RUSAGE_THREAD, &mut ru) == 0 {
+            ru.ru_nvcsw as u64
+        } else {
+            0
+        };
+        let mut ts: libc::timespec = std::mem::zeroed();
+        let cpu = if libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) == 0 {
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        } else {
+            0
+        };
+        (cpu, nvcsw)
+    }
 }
 
 impl PollStats {
-    fn record(&self, d: Duration) {
+    fn record(&self, d: Duration, cpu_ns: u64, switched: bool) {
         let ns = d.as_nanos() as u64;
         self.max_ns.fetch_max(ns, Ordering::Relaxed);
+        self.max_cpu_ns.fetch_max(cpu_ns, Ordering::Relaxed);
         self.polls.fetch_add(1, Ordering::Relaxed);
         if d > SLOW_POLL {
             self.slow.fetch_add(1, Ordering::Relaxed);
+        }
+        if cpu_ns > SLOW_POLL.as_nanos() as u64 {
+            self.slow_cpu.fetch_add(1, Ordering::Relaxed);
+        }
+        if switched {
+            self.blocked.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -60,6 +102,9 @@ impl PollStats {
         json!({
             "max_poll_ms": self.max_ns.load(Ordering::Relaxed) as f64 / 1e6,
             "polls_over_10ms": self.slow.load(Ordering::Relaxed),
+            "max_poll_cpu_ms": self.max_cpu_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            "polls_over_10ms_cpu": self.slow_cpu.load(Ordering::Relaxed),
+            "polls_blocked": self.blocked.load(Ordering::Relaxed),
             "polls": self.polls.load(Ordering::Relaxed),
         })
     }
@@ -84,9 +129,12 @@ struct Timed<'a, F> {
 impl<F: Future + Unpin> Future for Timed<'_, F> {
     type Output = F::Output;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let (cpu0, sw0) = thread_usage();
         let t = Instant::now();
         let r = Pin::new(&mut self.inner).poll(cx);
-        self.stats.record(t.elapsed());
+        let d = t.elapsed();
+        let (cpu1, sw1) = thread_usage();
+        self.stats.record(d, cpu1.saturating_sub(cpu0), sw1 > sw0);
         r
     }
 }
@@ -198,10 +246,19 @@ fn run(mode: WriteMode, tasks: usize) -> serde_json::Value {
         .max()
         .unwrap_or(0) as f64
         / 1e6;
-    let slow_all: u64 = [&stats.write, &stats.finish, &stats.read]
+    let kinds = [&stats.write, &stats.finish, &stats.read];
+    let slow_all: u64 = kinds.iter().map(|s| s.slow.load(Ordering::Relaxed)).sum();
+    let blocked_all: u64 = kinds
         .iter()
-        .map(|s| s.slow.load(Ordering::Relaxed))
+        .map(|s| s.blocked.load(Ordering::Relaxed))
         .sum();
+    let polls_all: u64 = kinds.iter().map(|s| s.polls.load(Ordering::Relaxed)).sum();
+    let max_cpu_all = kinds
+        .iter()
+        .map(|s| s.max_cpu_ns.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0) as f64
+        / 1e6;
     let r = json!({
         "mode": mode.as_str(),
         "engine": info,
@@ -213,18 +270,27 @@ fn run(mode: WriteMode, tasks: usize) -> serde_json::Value {
         "read": stats.read.json(),
         "max_poll_ms": max_all,
         "polls_over_10ms": slow_all,
+        "max_poll_cpu_ms": max_cpu_all,
+        "polls_blocked": blocked_all,
+        "polls": polls_all,
         "timer_late_max_ms": stats.timer_late_max_ns.load(Ordering::Relaxed) as f64 / 1e6,
         "timer_fires": stats.timer_fires.load(Ordering::Relaxed),
         "timer_late_over_10ms": stats.timer_late_over_10ms.load(Ordering::Relaxed),
     });
     eprintln!(
-        "async_poll {:8} max poll {:7.2} ms (write {:.2}, finish {:.2}, read {:.2}), {} polls > 10 ms, timer late max {:.2} ms ({} of {} > 10 ms), {:.1} MiB in {:.1} s",
+        "async_poll {:8} max poll {:7.2} ms (write {:.2}, finish {:.2}, read {:.2}), {} polls > 10 ms; max poll CPU {:.2} ms; polls that blocked {} (write {}, finish {}, read {}) of {}; timer late max {:.2} ms ({} of {} > 10 ms), {:.1} MiB in {:.1} s",
         mode.as_str(),
         max_all,
         r["write_async"]["max_poll_ms"].as_f64().unwrap_or(0.0),
         r["finish_async"]["max_poll_ms"].as_f64().unwrap_or(0.0),
         r["read"]["max_poll_ms"].as_f64().unwrap_or(0.0),
         slow_all,
+        max_cpu_all,
+        blocked_all,
+        r["write_async"]["polls_blocked"],
+        r["finish_async"]["polls_blocked"],
+        r["read"]["polls_blocked"],
+        polls_all,
         r["timer_late_max_ms"].as_f64().unwrap_or(0.0),
         r["timer_late_over_10ms"],
         r["timer_fires"],
@@ -282,12 +348,17 @@ fn main() {
     let mut modes = serde_json::Map::new();
     for mode in ["buffered", "direct"] {
         let worst = summary(&runs, mode, "max_poll_ms");
-        let met = worst["max"].as_f64().is_some_and(|m| m <= GOAL_MAX_POLL_MS);
+        let blocked = summary(&runs, mode, "polls_blocked");
+        let met = blocked["max"]
+            .as_f64()
+            .is_some_and(|m| m <= GOAL_POLLS_BLOCKED);
         modes.insert(
             mode.into(),
             json!({
                 "max_poll_ms": worst,
                 "polls_over_10ms": summary(&runs, mode, "polls_over_10ms"),
+                "max_poll_cpu_ms": summary(&runs, mode, "max_poll_cpu_ms"),
+                "polls_blocked": blocked,
                 "timer_late_max_ms": summary(&runs, mode, "timer_late_max_ms"),
                 "met": met,
             }),
@@ -299,7 +370,7 @@ fn main() {
         "reps": reps,
         "record_bytes": RECORD,
         "workers": 2,
-        "goal_max_poll_ms": GOAL_MAX_POLL_MS,
+        "goal_polls_blocked": GOAL_POLLS_BLOCKED,
         "modes": modes,
         "runs": runs,
     });

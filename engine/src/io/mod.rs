@@ -1,5 +1,6 @@
 //! How bytes move: the I/O request types, the handle the engine submits through, staging
-//! buffers, and the reaper that closes files off the callers' threads.
+//! buffers, the reaper that closes files off the callers' threads, and the offload pool that
+//! runs the blocking steps of `_async` calls.
 //!
 //! The backends live in [`uring`] (an io_uring ring thread) and [`psync`] (plain syscalls on an
 //! I/O thread). Both take the same [`Op`]s over a crossbeam channel and report each one's
