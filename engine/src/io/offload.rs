@@ -11,7 +11,7 @@
 //! called async never has them.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -26,13 +26,16 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// The pool. Its threads leave when it is dropped (the channel disconnects).
 #[derive(Debug)]
 pub(crate) struct Offload {
-    tx: Mutex<Option<Sender<Job>>>,
+    /// Set once, by the first job (its threads start then); a lock only for that start.
+    tx: OnceLock<Sender<Job>>,
+    starting: Mutex<()>,
 }
 
 impl Offload {
     pub(crate) fn new() -> Self {
         Offload {
-            tx: Mutex::new(None),
+            tx: OnceLock::new(),
+            starting: Mutex::new(()),
         }
     }
 
@@ -73,10 +76,13 @@ impl Offload {
         Offloaded { slot }
     }
 
-    fn sender(&self) -> io::Result<Sender<Job>> {
-        let mut tx = self.tx.lock();
-        if let Some(t) = tx.as_ref() {
-            return Ok(t.clone());
+    fn sender(&self) -> io::Result<&Sender<Job>> {
+        if let Some(t) = self.tx.get() {
+            return Ok(t);
+        }
+        let _one = self.starting.lock();
+        if let Some(t) = self.tx.get() {
+            return Ok(t);
         }
         let (t, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..OFFLOAD_THREADS {
@@ -91,8 +97,7 @@ impl Offload {
                 break;
             }
         }
-        *tx = Some(t.clone());
-        Ok(t)
+        Ok(self.tx.get_or_init(|| t))
     }
 }
 
