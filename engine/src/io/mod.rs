@@ -6,6 +6,7 @@
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod buf;
+mod fdcache;
 mod gate;
 mod lane;
 mod op;
@@ -14,6 +15,7 @@ mod reaper;
 pub(crate) mod uring;
 
 pub(crate) use buf::{BufferPool, IoBuf};
+pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
 pub(crate) use op::*;
@@ -40,6 +42,7 @@ pub(crate) struct IoHandle {
     pool: Arc<BufferPool>,
     reaper: Reaper,
     fault: Option<Arc<FaultPlan>>,
+    fds: Arc<FdCache>,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -61,6 +64,8 @@ pub(crate) struct IoSetup {
     pub fault: Option<Arc<FaultPlan>>,
     pub deadline: Arc<Deadline>,
     pub reaper: Reaper,
+    /// The bound on segment fds writers hold (`max_open_files`).
+    pub max_open_files: usize,
 }
 
 impl IoHandle {
@@ -112,7 +117,13 @@ impl IoHandle {
             pool: setup.pool.clone(),
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
+            fds: FdCache::new(setup.max_open_files),
         }
+    }
+
+    /// The bound on segment fds writers hold, shared by every lane and backend.
+    pub(crate) fn fds(&self) -> &Arc<FdCache> {
+        &self.fds
     }
 
     /// The staging buffers.

@@ -44,6 +44,7 @@ macro_rules! ready_ok {
 
 mod hook;
 mod place;
+mod reopen;
 mod rotate;
 mod slot;
 

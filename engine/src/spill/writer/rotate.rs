@@ -12,7 +12,7 @@ use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::FileHandle;
+use crate::io::{CachedFile, FdPermit};
 use crate::metrics::Counters;
 use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
@@ -26,7 +26,9 @@ pub(super) struct OpenSegment {
     pub(super) allocated: u64,
     /// Bytes of quota the segment's ticket holds.
     pub(super) reserved: u64,
-    pub(super) file: Arc<FileHandle>,
+    /// The segment's fd, which the engine's fd bound may close while it is idle (reopened by
+    /// name for the next write: `reopen.rs`).
+    pub(super) file: CachedFile,
     /// Bytes appended so far (header included): the next record's offset.
     pub(super) logical: u64,
     /// File offset of the staging buffer's first byte.
@@ -76,6 +78,8 @@ impl SpillWriter {
     /// fails with a device error.
     pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
         let reserve = self.segment_reserve(need);
+        // The new segment's fd counts in the engine's bound: taken first (waits at the bound).
+        let permit = self.core.io.fds().permit();
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
@@ -88,7 +92,7 @@ impl SpillWriter {
         };
         let (seg, allocated, generation) = (made.r.seg, made.allocated, made.generation);
         let (entry_index, fd) = self.record_segment(made)?;
-        self.start_segment(fd, seg, entry_index, allocated, reserve, generation)
+        self.start_segment(fd, permit, seg, entry_index, allocated, reserve, generation)
     }
 
     /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
@@ -140,7 +144,8 @@ impl SpillWriter {
         let generation = e.generation.wrapping_add(1);
         let name = SegmentFileName::new(e.seg);
         let reopened = e.grow_to(reserve).and_then(|()| {
-            dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct)
+            let fds = core.io.fds();
+            fds.open_with(|| dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct))
                 .map_err(|err| SpillError::io("reopen", e.path(), err))
         });
         let fd = match reopened {
@@ -274,7 +279,11 @@ impl SpillWriter {
         ) {
             Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
             Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
-            _ => dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct),
+            _ => self
+                .core
+                .io
+                .fds()
+                .open_with(|| dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct)),
         };
         match created {
             Ok(fd) => {
@@ -389,16 +398,22 @@ impl SpillWriter {
 
     /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
     /// its header.
+    #[allow(clippy::too_many_arguments)]
     fn start_segment(
         &mut self,
         fd: OwnedFd,
+        permit: FdPermit,
         seg: u32,
         entry_index: usize,
         allocated: u64,
         reserve: u64,
         generation: u32,
     ) -> Result<()> {
-        let file = FileHandle::new(fd, self.core.io.reaper().clone());
+        let file = self
+            .core
+            .io
+            .fds()
+            .install(fd, permit, self.core.io.reaper().clone());
         let mut buf = self
             .core
             .io
@@ -450,7 +465,9 @@ impl SpillWriter {
             // punching a hole past the end is a no-op on ext4).
             let keep = if self.direct { trimmed_len(len) } else { len };
             let name = SegmentFileName::new(seg);
-            let r = dir::open_write_at(dir.as_fd(), name.as_cstr())
+            let fds = self.core.io.fds();
+            let r = fds
+                .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
                 .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
             match r {
                 Ok(()) => {
