@@ -335,6 +335,43 @@ def profile_md(p, title):
     return "\n".join(s) + "\n"
 
 
+def scale_section(raw, out, meta, goals):
+    """The 10,000-spill scale bench (benches/benches/scale.rs, issue 10): its goal rows are
+    appended to `goals`, scale.json is saved with provenance, and the REPORT.md lines are
+    returned (empty when the bench did not run)."""
+    sc = load(raw, "scale")
+    if not sc:
+        return []
+    n = f(sc["spills"])
+    per = f"{sc['bytes_per_writer'] // 1024} KiB"
+    goals.append(("scale", f"{n} concurrent open spills (writer with {per} written, state, reader): refused",
+                  f(sc["refused"]), "0", "met" if sc["refused"] == 0 else f"missed: {sc['refused']} refused",
+                  sc["refused"] == 0))
+    goals.append(("scale", f"{n} concurrent open spills: peak extra fds",
+                  f(sc["peak_extra_fds"]), f"≤ {f(sc['goal_extra_fds_max'])}",
+                  miss_le(sc["peak_extra_fds"], sc["goal_extra_fds_max"]),
+                  sc["peak_extra_fds"] <= sc["goal_extra_fds_max"]))
+    goals.append(("scale", f"memory (RSS) per idle open writer, {per} written",
+                  f"{f(sc['rss_bytes_per_idle_writer'] / 1024, 1)} KiB", "reported", "context", True))
+    save(out, "scale", sc, meta)
+    ph = sc["phase_seconds"]
+    return ["## Scale: 10,000 concurrent open spills", "", sc["what"] + ".", "",
+            f"Engine backend {sc['engine']['backend']}, {sc['engine']['write_mode']} mode, segment pool off,"
+            f" `io_buffer_size` {sc['io_buffer_size'] // 1024} KiB, segment size {sc['segment_size'] // 2**20} MiB,"
+            f" `max_open_files` {f(sc['max_open_files'])}; soft RLIMIT_NOFILE {f(sc['rlimit_nofile_soft'])};"
+            f" {f(sc['record_bytes'] // 1024)} KiB records.", "",
+            table(["phase (all held at once)", "refused", "extra fds after", "RSS delta", "seconds"],
+                  [(f"{n} writers, {per} written each", f(sc["refused_writers"]), f(sc["extra_fds_writers"]),
+                    f"{f(sc['rss_delta_writers_bytes'] / 2**20, 1)} MiB", f(ph["writers"])),
+                   (f"{n} held states", f(sc["refused_states"]), f(sc["extra_fds_states"]),
+                    f"{f(sc['rss_delta_states_bytes'] / 2**20, 1)} MiB", f(ph["states"])),
+                   (f"{n} readers mid-read", f(sc["refused_readers"]), f(sc["extra_fds_readers"]),
+                    f"{f(sc['rss_delta_readers_bytes'] / 2**20, 1)} MiB", f(ph["readers"]))]), "",
+            f"Peak extra fds {f(sc['peak_extra_fds'])} (goal ≤ {f(sc['goal_extra_fds_max'])}); idle fds closed by the"
+            f" bound: {f(sc['fd_evictions'])}; RSS per idle open writer {f(sc['rss_bytes_per_idle_writer'] / 1024, 1)} KiB;"
+            f" records that did not read back: {f(sc['bad_records'])}; files left after release: {f(sc['files_left'])}.", ""]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
@@ -404,6 +441,7 @@ def main():
                   stats_spread(vs_off), f"≥ {rep_goals.get('pool_on_vs_pool_off_min', 2.0)}×",
                   miss_ge(vs_off and vs_off["median"], rep_goals.get("pool_on_vs_pool_off_min", 2.0)),
                   bool(rep and rep.get("pool_on_vs_pool_off_met"))))
+    scale_md = scale_section(args.raw, args.out, meta, goals)
     worst_cpu = None
     if tp:
         for gr in tp["goal_rows"]:
@@ -665,6 +703,7 @@ def main():
                        miss_ge(rep["pool_on_vs_pool_off"]["median"], rep["goals"]["pool_on_vs_pool_off_min"]))]), ""]
     else:
         md += ["Not measured (no `repeat.json`).", ""]
+    md += scale_md
     md += ["## Files", "", "JSON with the same figures and their provenance: "
            + ", ".join(f"`{n}.json`" for n, d in (("capacity", cap), ("hot-path", hot), ("throughput", tp), ("ledger", led),
                                                      ("cleanup", cln), ("fio-baseline", fio), ("repeat", rep)) if d is not None)

@@ -70,6 +70,8 @@ struct Clock {
 /// Where a writer's fd lives while it is cached.
 struct Slot {
     fd: Mutex<Option<Arc<FileHandle>>>,
+    /// `fd.is_some()`, readable without the lock (changed only under it).
+    cached: AtomicBool,
     /// Used since the clock hand last passed (a second chance).
     referenced: AtomicBool,
     /// Position in `Clock::slots` (changed only under the clock's lock), `NOT_IN_CLOCK` when
@@ -217,6 +219,7 @@ impl FdCache {
                 let mut fd = slot.fd.lock();
                 if fd.as_ref().is_some_and(|h| Arc::strong_count(h) == 1) {
                     found = fd.take();
+                    slot.cached.store(false, Ordering::Release);
                     drop(fd);
                     c.remove(&slot);
                     break;
@@ -244,6 +247,7 @@ impl FdCache {
     ) -> CachedFile {
         let slot = Arc::new(Slot {
             fd: Mutex::new(None),
+            cached: AtomicBool::new(false),
             referenced: AtomicBool::new(true),
             index: AtomicUsize::new(NOT_IN_CLOCK),
         });
@@ -303,9 +307,9 @@ impl CachedFile {
         h
     }
 
-    /// True while the cache holds the fd (a write will not need to reopen it).
+    /// True while the cache holds the fd (a write will not need to reopen it); no lock.
     pub(crate) fn is_cached(&self) -> bool {
-        self.slot.fd.lock().is_some()
+        self.slot.cached.load(Ordering::Acquire)
     }
 
     /// Refills the slot with a reopened `fd` (taken under `permit`) and returns it.
@@ -314,6 +318,7 @@ impl CachedFile {
         let mut c = self.cache.clock.lock();
         let mut slot = self.slot.fd.lock();
         let old = slot.replace(h.clone());
+        self.slot.cached.store(true, Ordering::Release);
         if self.slot.index.load(Ordering::Relaxed) == NOT_IN_CLOCK {
             c.push(&self.slot);
         }
@@ -329,6 +334,7 @@ impl Drop for CachedFile {
         let h = {
             let mut c = self.cache.clock.lock();
             c.remove(&self.slot);
+            self.slot.cached.store(false, Ordering::Release);
             self.slot.fd.lock().take()
         };
         // Ops in flight keep their own references; the fd closes (on the reaper) with the last.
@@ -405,13 +411,16 @@ mod tests {
     fn a_refilled_slot_is_counted_once() {
         let cache = FdCache::new(4);
         let a = cached(&cache);
+        assert!(a.is_cached());
         assert!(cache.evict_one(true));
+        assert!(!a.is_cached());
         assert!(a.get().is_none());
         assert_eq!(cache.open_count(), 0);
         let p = cache.permit();
         let h = a.fill(devnull(), p, Reaper::inline());
         assert_eq!(cache.open_count(), 1);
         assert!(Arc::ptr_eq(&h, &a.get().expect("refilled")));
+        assert!(a.is_cached());
         drop(h);
         assert_eq!(cache.clock.lock().slots.len(), 1);
         drop(a);
