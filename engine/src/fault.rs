@@ -18,6 +18,7 @@
 //! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
 //! | `StatePublish` | `publish` took the files, before its first rename | (use `pause`) |
 //! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
+//! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -57,10 +58,14 @@ pub enum FaultPoint {
     /// `reader::open`: a reader passed its abort check and looked up the next segment, and has
     /// not opened it yet. Pausing here lets a test delete the file under the reader.
     ReaderOpen,
+    /// `writer::reopen`: a writer whose segment fd was closed by the engine's fd bound
+    /// (`max_open_files`) passed its abort check and has not reopened its segment yet. Pausing
+    /// here lets a test cancel the scope (and delete the file) under the reopen.
+    WriterReopen,
 }
 
 /// Number of fault points.
-const POINTS: usize = 10;
+const POINTS: usize = 11;
 
 impl FaultPoint {
     /// Every fault point.
@@ -75,6 +80,7 @@ impl FaultPoint {
         FaultPoint::CleanupTake,
         FaultPoint::StatePublish,
         FaultPoint::ReaderOpen,
+        FaultPoint::WriterReopen,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -90,6 +96,7 @@ impl FaultPoint {
             FaultPoint::CleanupTake => "cleanup::take",
             FaultPoint::StatePublish => "state::publish",
             FaultPoint::ReaderOpen => "reader::open",
+            FaultPoint::WriterReopen => "writer::reopen",
         }
     }
 

@@ -13,7 +13,9 @@ use common::*;
 use std::time::Duration;
 
 use spillring::testing::fd_stats;
-use spillring::{BackendKind, Bytes, Engine, SpillError, SpillReader, WriteMode};
+use spillring::{
+    BackendKind, Bytes, Engine, FaultPlan, FaultPoint, SpillError, SpillReader, WriteMode,
+};
 
 per_backend!(
     emfile_at_a_segment_create_is_typed_and_the_writer_survives,
@@ -21,6 +23,7 @@ per_backend!(
     eviction_and_reopen_keep_every_record_in_both_modes,
     cancel_of_a_writer_whose_fd_was_evicted_deletes_its_files_once,
     cancels_racing_reopens_leave_nothing_and_never_say_not_found,
+    a_cancel_under_a_reopen_is_aborted_and_deletes_once,
     ten_thousand_open_spills_under_a_lowered_nofile_limit,
 );
 
@@ -272,6 +275,56 @@ fn cancel_of_a_writer_whose_fd_was_evicted_deletes_its_files_once(b: BackendKind
         "each file deleted once: {m:?}"
     );
     assert_eq!(m.files_already_absent, 0, "no second delete found it gone");
+}
+
+/// A cancel lands while a writer whose fd was closed is about to reopen its segment (paused at
+/// `writer::reopen`, after its abort check): the cancel deletes the file, the reopen finds it
+/// gone and the writer reports `Aborted`, never a NotFound; the file is deleted once.
+fn a_cancel_under_a_reopen_is_aborted_and_deletes_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .io_buffer_size(4096)
+            .segment_size(64 << 10)
+            .max_open_files(1),
+    )
+    .unwrap();
+    warm(&engine);
+    let deleted_before = engine.metrics().files_deleted;
+    let task = engine.task("reopen").unwrap();
+    let other = engine.task("other").unwrap();
+    let plan = FaultPlan::new(7);
+    task.set_fault_plan(plan.clone());
+    let mut a = task.writer().unwrap();
+    a.write(Bytes::from(record(1, 100))).unwrap();
+    let mut b_w = other.writer().unwrap();
+    b_w.write(Bytes::from(record(2, 100))).unwrap();
+    assert!(fd_stats(&engine).evictions >= 1, "A's fd was closed for B");
+    let pause = plan.pause_once(FaultPoint::WriterReopen);
+    let h = std::thread::spawn(move || {
+        let r = a.write(Bytes::from(record(3, 100)));
+        (a, r)
+    });
+    assert!(pause.wait_reached(Duration::from_secs(10)), "A reopens");
+    task.cancel();
+    assert!(engine.settle(Duration::from_secs(10)));
+    assert_eq!(segment_files(dir.path()), 1, "A's file is gone, B's kept");
+    pause.release();
+    let (a, r) = h.join().unwrap();
+    assert!(
+        matches!(r, Err(SpillError::Aborted)),
+        "a reopen of a file the cancel deleted must be Aborted: {r:?}"
+    );
+    drop(a);
+    drop(b_w.finish().unwrap());
+    other.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(
+        m.files_deleted - deleted_before,
+        2,
+        "each file deleted once"
+    );
+    assert_eq!(m.files_already_absent, 0);
 }
 
 /// Threads write through a bound of 2 fds (so nearly every write reopens) while their scopes

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::SpillWriter;
 use crate::error::{Result, SpillError};
+use crate::fault::{self, FaultPoint};
 use crate::format::segment::SegmentFileName;
 use crate::io::FileHandle;
 use crate::store::dir;
@@ -50,6 +51,12 @@ impl SpillWriter {
                 SpillError::WriterFailed
             });
         };
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterReopen,
+        );
         let fds = self.core.io.fds();
         let permit = fds.permit();
         let name = SegmentFileName::new(num);
