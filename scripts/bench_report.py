@@ -787,8 +787,8 @@ def main():
         md += [ovl["what"] + ".", "",
                f"{ovl['bytes_per_run'] / 2**20:.0f} MiB per run in {ovl['record_bytes'] // 2**10} KiB records; engine backend"
                f" {ovl['engine']['backend']}, {ovl['engine']['write_mode']} mode, pool on; root `{ovl['root']}`. Calibration:"
-               f" the engine wrote the run alone in {f(cal['engine_write_alone_s'], 3)} s, so the producer computes"
-               f" {f(cal['compute_us_per_record'], 1)} µs per record ({f(cal['spins_per_record'])} spins).",
+               f" the engine wrote the run alone in {f(cal['engine_write_alone_s'], 3)} s, so the producer aims to compute"
+               f" {f(cal['compute_target_us_per_record'], 1)} µs per record ({f(cal['spins_per_record'])} spins).",
                "Each pair runs compute alone, engine write alone, engine with compute, std::fs write alone and std::fs",
                "with compute (the order reversed every other pair). Neither side syncs: an O_DIRECT write completes",
                "when the device has the bytes, and `finish` waits for every engine write.", "",
