@@ -133,7 +133,8 @@ fn main() {
     {
         return; // filtered out
     }
-    let smoke = test_mode();
+    // A profile loop (run without `--bench` by bench_report.py) measures the real sizes.
+    let smoke = test_mode() && profile_request().is_none();
     let quick = quick();
     let bytes: usize = std::env::var("SPILLRING_OVERLAP_BYTES")
         .ok()
