@@ -120,6 +120,7 @@ fn measure(n: usize, save_sites: bool) -> serde_json::Value {
     drop(engine);
     json!({
         "tickets": n,
+        "backend": m.backend,
         "retained_bytes": retained,
         "retained_blocks": blocks,
         "bytes_per_ticket": per_ticket,
