@@ -428,6 +428,13 @@ CAP_GOAL = next(g for g in GOALS if g.source == "capacity")
 # JSONs read for their own sections that no goal row reads.
 EXTRA_SOURCES = ("ledger",)
 
+# Sections of REPORT.md added by a bench of its own, after the built-in ones: (source, title,
+# function of the bench's JSON returning markdown lines). A bench that did not run gets its
+# title and a "not measured" line. Adding one is one entry, e.g.
+#     SECTIONS.append(("scale", "Scale: 10,000 concurrent open spills", scale_section_md))
+# where scale_section_md(doc) returns the lines under the title (its goal rows go in GOALS).
+SECTIONS = []
+
 
 def verdict(g, v):
     """(text, met) for goal `g` at measured value `v`: the one place a figure is judged."""
@@ -514,7 +521,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     meta = provenance(args)
-    docs = {name: load(args.raw, name) for name in sorted({g.source for g in GOALS} | set(EXTRA_SOURCES))}
+    docs = {name: load(args.raw, name)
+            for name in sorted({g.source for g in GOALS} | set(EXTRA_SOURCES) | {s[0] for s in SECTIONS})}
     cap, hot, tp = docs["capacity"], docs["hot-path"], docs["throughput"]
     led, cln, fio = docs["ledger"], docs["cleanup"], docs["fio-baseline"]
     rep, ovl = docs["repeat"], docs["overlap"]
@@ -797,6 +805,9 @@ def main():
         md.append(profile_md(profiles.get("overlap"), "CPU profile of the engine with the computing producer"))
     else:
         md += ["Not measured (no `overlap.json`).", ""]
+    for source, title, render in SECTIONS:
+        md += [f"## {title}", ""]
+        md += render(docs[source]) if docs.get(source) is not None else [f"Not measured (no `{source}.json`).", ""]
     md += ["## Files", "", "JSON with the same figures, their verdicts and their provenance: "
            + ", ".join(f"`{n}.json`" for n in saved)
            + ". Plots: " + ", ".join(f"`{p}`" for p in plots) + ".", ""]

@@ -86,6 +86,20 @@ class GoalTable(unittest.TestCase):
         cap = next(g.figure for g in bench_report.GOALS if g.source == "capacity")
         self.assertIn("has no 'worst_bytes_per_ticket'", rows[cap][2])
 
+    def test_a_registered_section_renders_or_says_not_measured(self):
+        code = ("import sys; sys.argv = sys.argv[1:]; import bench_report as b; "
+                "b.SECTIONS.append(('overlap', 'Extra', lambda d: ['extra median ' + str(d['engine_vs_longer']['median']), ''])); "
+                "b.SECTIONS.append(('scale', 'Scale', lambda d: ['never'])); b.main()")
+        with tempfile.TemporaryDirectory() as raw, tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(raw, "overlap.json"), "w") as fh:
+                json.dump(OVERLAP, fh)
+            subprocess.run([sys.executable, "-c", code, "x", "--raw", raw, "--out", out, "--no-profile"],
+                           check=True, capture_output=True, cwd=HERE)
+            with open(os.path.join(out, "REPORT.md")) as fh:
+                md = fh.read()
+        self.assertIn("## Extra\n\nextra median 1.3", md)
+        self.assertIn("## Scale\n\nNot measured (no `scale.json`).", md)
+
     def test_verdicts(self):
         le = bench_report.Goal("a", "b", "c", None, "<=", 2.0, unit="")
         ge = bench_report.Goal("a", "b", "c", None, ">=", 0.9)

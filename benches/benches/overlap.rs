@@ -151,7 +151,7 @@ fn main() {
         .unwrap_or(match (smoke, quick) {
             (true, _) => 1,
             (false, true) => 5,
-            (false, false) => 9,
+            (false, false) => 7,
         });
     let dir = scratch("overlap").expect("create a scratch directory");
     let std_dir = dir.path().join("std");
