@@ -531,9 +531,6 @@ def main():
     by_key = {r["key"]: r for r in rows}
     wanted = profiles_wanted(rows)
 
-    def missed(area):
-        return any(not r["met"] and not r["context"] and r["value"] is not None for r in rows if r["area"] == area)
-
     profiles = {}
     if wanted and not args.no_profile:
         if ensure_perf():
