@@ -80,6 +80,7 @@ pub use format::names::{PROC_PREFIX, proc_dir_name};
 pub use format::segment;
 pub use metrics::Metrics;
 pub use spill::reader::SpillReader;
-pub use spill::state::SpilledState;
+pub use spill::segment_reader::SegmentReader;
+pub use spill::state::{PublishOptions, SpilledState};
 pub use spill::task::TaskSpill;
 pub use spill::writer::{RecordSlot, SpillWriter};
