@@ -90,7 +90,8 @@ fn engine(root: &Path, b: BackendKind, plan: Option<std::sync::Arc<FaultPlan>>) 
 fn a_taken_kth_name_moves_nothing_and_the_state_reads_on(b: BackendKind) {
     let root = tempfile::tempdir().unwrap();
     let dest = tempfile::tempdir().unwrap();
-    let engine = engine(root.path(), b, None);
+    let plan = FaultPlan::new(0);
+    let engine = engine(root.path(), b, Some(plan.clone()));
     let task = engine.task("collide").unwrap();
     let st = spill(&task);
     let taken = dest.path().join("out-000003.bin");
@@ -122,7 +123,9 @@ fn a_taken_kth_name_moves_nothing_and_the_state_reads_on(b: BackendKind) {
         e.os_error().and_then(|s| s.raw_os_error()),
         Some(libc::EEXIST)
     );
-    // Nothing moved, nothing was replaced, nothing was deleted.
+    // Nothing moved, not even for a moment (no rename was tried), nothing was replaced,
+    // nothing was deleted.
+    assert_eq!(plan.reached(FaultPoint::PublishRename), 0);
     assert_eq!(names(dest.path()), ["out-000003.bin"]);
     assert_eq!(std::fs::read(&taken).unwrap(), b"theirs");
     assert_eq!(st.paths().len(), 5);
@@ -385,7 +388,8 @@ fn mode(p: &Path) -> u32 {
 fn the_mode_is_the_callers_choice(b: BackendKind) {
     let root = tempfile::tempdir().unwrap();
     let dest = tempfile::tempdir().unwrap();
-    let engine = engine(root.path(), b, None);
+    let plan = FaultPlan::new(7);
+    let engine = engine(root.path(), b, Some(plan.clone()));
     let task = engine.task("mode").unwrap();
 
     let st = spill(&task);
@@ -396,8 +400,13 @@ fn the_mode_is_the_callers_choice(b: BackendKind) {
         matches!(&e, SpillError::InvalidConfig(m) if m.contains("0o4755")),
         "{e:?}"
     );
-    // A failed publish with a mode: the files are private again.
-    std::fs::write(dest.path().join("out-000004.bin"), b"x").unwrap();
+    // A publish with a mode that fails after the modes were set (the third rename): the
+    // files are private again.
+    plan.arm(
+        FaultPoint::PublishRename,
+        FaultAction::Fail(libc::EIO),
+        Trigger::After { skip: 2, times: 1 },
+    );
     let e = st
         .publish_with(dest.path(), "out", PublishOptions::default().mode(0o644))
         .unwrap_err();
