@@ -28,7 +28,8 @@
 //! `io` (lanes, staging buffers, the reaper, the psync and io_uring backends), `store` (the
 //! ticket ledger, roots, directories, the cleanup queue), `core` (what the threads share),
 //! `cleanup` (the delete path, the retry worker, the crash sweep), `spill` ([`TaskSpill`],
-//! [`SpillWriter`], [`SpilledState`], [`SpillReader`]) and `engine` ([`Engine`]).
+//! [`SpillWriter`], [`SpilledState`], [`SpillReader`], and [`SegmentReader`] for a file
+//! [`SpilledState::publish`] handed to the caller) and `engine` ([`Engine`]).
 //!
 //! `unsafe` is denied everywhere but in `io` (the io_uring backend) and `sys`.
 

@@ -27,8 +27,10 @@ const READ_BUFFER: usize = 128 << 10;
 /// that ends inside a frame, holds bytes that are not a valid frame (direct-mode padding left
 /// on a file that was copied rather than published, a torn write, bit rot), or whose header is
 /// damaged gives [`SpillError::Corrupt`] with the offset of the bad frame (0 for the header),
-/// and no byte of a bad record is returned. (A file cut exactly at a frame boundary is a
-/// shorter valid file: nothing in the format tells them apart.)
+/// and no byte of a bad record is returned; its `segment` is the number in the file's header
+/// (0 when the header itself is bad). A file cut exactly at a frame boundary is a shorter
+/// valid file: nothing in the format tells them apart (the sum of the published files'
+/// lengths is [`crate::SpilledState::bytes`] before the publish).
 ///
 /// The iterator yields `Result<Bytes>` and ends after the first error.
 ///
