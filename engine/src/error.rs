@@ -146,8 +146,8 @@ pub enum SpillError {
     /// fault, are its paths in `stranded`: see there.)
     #[error("{}", publish_failed_message(.path, .source, .stranded))]
     PublishFailed {
-        /// The destination path the failure is about: the name taken, or the rename that
-        /// failed.
+        /// The destination path the failure is about: the name taken, the rename that failed,
+        /// or where the file that could not be prepared (trimmed, given its mode) would go.
         path: PathBuf,
         /// Every path the publish would have created, in order.
         targets: Vec<PathBuf>,

@@ -27,6 +27,7 @@ per_backend!(
     published_files_read_back_equal_the_records,
     a_cancel_during_a_failing_publish_deletes_the_files,
     a_cancel_during_a_publish_that_succeeds_leaves_the_files_to_the_caller,
+    bad_destinations_and_prefixes_change_nothing,
 );
 
 const T: Duration = Duration::from_secs(10);
@@ -598,4 +599,57 @@ fn a_cancel_during_a_publish_that_succeeds_leaves_the_files_to_the_caller(b: Bac
     let m = assert_clean(&engine, root.path());
     assert_eq!(m.files_published, 5);
     assert_eq!(m.files_deleted, 0);
+}
+
+/// Refused before anything moves, each with its typed error: a destination that is a file,
+/// the engine's own directory, a prefix too long for a file name; and a segment file that
+/// vanished from under the state (someone deleted it) fails the publish at that file with
+/// nothing moved.
+fn bad_destinations_and_prefixes_change_nothing(b: BackendKind) {
+    let root = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let engine = engine(root.path(), b, None);
+    let task = engine.task("bad").unwrap();
+    let st = spill(&task);
+    let file = dest.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = st.publish(&file, "out").unwrap_err();
+    assert!(
+        matches!(&e, SpillError::Io { op: "open", source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
+        "{e:?}"
+    );
+    let own = engine.process_dirs()[0].clone();
+    let e = st.publish(&own, "spill-segment").unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SpillError::InvalidName {
+                what: "publish destination",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let long = "p".repeat(250);
+    let e = st.publish(dest.path(), &long).unwrap_err();
+    assert!(
+        matches!(&e, SpillError::InvalidName { what: "publish prefix", reason, .. } if reason.contains("255")),
+        "{e:?}"
+    );
+    assert_eq!(names(dest.path()), ["a-file"]);
+    read_all(&st);
+    // Segment 2's file is deleted behind the engine's back.
+    std::fs::remove_file(&st.paths()[2]).unwrap();
+    let e = st.publish(dest.path(), "out").unwrap_err();
+    assert!(
+        matches!(&e, SpillError::PublishFailed { path, stranded, source, .. }
+            if path.ends_with("out-000002.bin") && stranded.is_empty()
+                && source.kind() == std::io::ErrorKind::NotFound),
+        "{e:?}"
+    );
+    assert_eq!(names(dest.path()), ["a-file"]);
+    assert_eq!(st.paths().len(), 5);
+    drop(st);
+    task.close();
+    assert_clean(&engine, root.path());
 }
