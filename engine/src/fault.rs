@@ -16,8 +16,9 @@
 //! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
 //! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
-//! | `StatePublish` | `publish` took the files, before its first rename | (use `pause`) |
+//! | `StatePublish` | `publish` took the files, before it checks the destination names | (use `pause`) |
 //! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
+//! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -57,10 +58,14 @@ pub enum FaultPoint {
     /// `reader::open`: a reader passed its abort check and looked up the next segment, and has
     /// not opened it yet. Pausing here lets a test delete the file under the reader.
     ReaderOpen,
+    /// `state::publish_rename`: `publish` is about to rename one file, into the destination or
+    /// (rolling back) back into its directory. Calls count the forward renames first, then the
+    /// moves back, so `Trigger::After` picks one.
+    PublishRename,
 }
 
 /// Number of fault points.
-const POINTS: usize = 10;
+const POINTS: usize = 11;
 
 impl FaultPoint {
     /// Every fault point.
@@ -75,6 +80,7 @@ impl FaultPoint {
         FaultPoint::CleanupTake,
         FaultPoint::StatePublish,
         FaultPoint::ReaderOpen,
+        FaultPoint::PublishRename,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -90,6 +96,7 @@ impl FaultPoint {
             FaultPoint::CleanupTake => "cleanup::take",
             FaultPoint::StatePublish => "state::publish",
             FaultPoint::ReaderOpen => "reader::open",
+            FaultPoint::PublishRename => "state::publish_rename",
         }
     }
 
