@@ -116,6 +116,7 @@ pub struct EngineConfig {
     pub(crate) pool_max_segments: usize,
     pub(crate) pool_max_bytes: u64,
     pub(crate) read_buffer_max: usize,
+    pub(crate) max_open_files: usize,
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
     pub(crate) fault_plan: Option<Arc<FaultPlan>>,
@@ -134,6 +135,10 @@ struct Explicit {
 const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
 /// Default staging buffer size (when segments are not smaller).
 const DEFAULT_IO_BUFFER_SIZE: usize = 1 << 20;
+/// Default bound on the segment fds open writers hold.
+const DEFAULT_MAX_OPEN_FILES: usize = 1024;
+/// Largest accepted `max_open_files`.
+pub const MAX_OPEN_FILES: usize = 1 << 20;
 
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
@@ -157,6 +162,7 @@ impl EngineConfig {
             pool_max_segments: 256,
             pool_max_bytes: 1 << 30,
             read_buffer_max: 256 << 10,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
             fault_plan: None,
@@ -294,6 +300,19 @@ impl EngineConfig {
     /// Default 256 KiB. Bounds: 0..=64 MiB.
     pub fn read_buffer_max(mut self, bytes: usize) -> Self {
         self.read_buffer_max = bytes;
+        self
+    }
+
+    /// Most segment fds the engine's open writers hold at once, over every backend. An open
+    /// writer whose fd is idle (no write in flight) may lose it to this bound (least recently
+    /// used first) and reopens its segment by name when it next writes; when every fd is busy,
+    /// a writer that needs one waits until a write completes. When the OS has no descriptor
+    /// left (EMFILE/ENFILE, e.g. a soft `RLIMIT_NOFILE` below this bound), the engine closes an
+    /// idle fd of its own and retries; with none it can close, the call fails with
+    /// [`SpillError::TooManyOpenFiles`]. Held states and readers hold no fd between reads.
+    /// Default 1,024. Bounds: 1..=1,048,576.
+    pub fn max_open_files(mut self, n: usize) -> Self {
+        self.max_open_files = n;
         self
     }
 
@@ -436,6 +455,12 @@ impl EngineConfig {
             return bad(format!(
                 "read_buffer_max: need 0..=67108864, got {}",
                 self.read_buffer_max
+            ));
+        }
+        if !(1..=MAX_OPEN_FILES).contains(&self.max_open_files) {
+            return bad(format!(
+                "max_open_files: need 1..={MAX_OPEN_FILES}, got {}",
+                self.max_open_files
             ));
         }
         if self.pool_max_segments > 65_536 {

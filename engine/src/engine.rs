@@ -167,6 +167,11 @@ impl std::fmt::Debug for Engine {
 static FALLBACK_LOGGED: Once = Once::new();
 
 impl Engine {
+    /// The bound on writers' segment fds (for `testing::fd_stats`).
+    pub(crate) fn fd_cache(&self) -> &Arc<crate::io::FdCache> {
+        self.inner.core.io.fds()
+    }
+
     /// Validates `cfg`, creates and locks this engine's directory under every root, claims
     /// the directories of dead engines for background deletion, probes io_uring (falling back
     /// to psync under `BackendKind::Auto`), and starts the engine's threads.
@@ -374,6 +379,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         fault: cfg.fault_plan.clone(),
         deadline: Arc::default(),
         reaper: reaper.clone(),
+        max_open_files: cfg.max_open_files,
     };
     match cfg.backend {
         BackendKind::Psync => IoHandle::start_psync(&setup),

@@ -28,7 +28,8 @@
 //! `io` (lanes, staging buffers, the reaper, the psync and io_uring backends), `store` (the
 //! ticket ledger, roots, directories, the cleanup queue), `core` (what the threads share),
 //! `cleanup` (the delete path, the retry worker, the crash sweep), `spill` ([`TaskSpill`],
-//! [`SpillWriter`], [`SpilledState`], [`SpillReader`]) and `engine` ([`Engine`]).
+//! [`SpillWriter`], [`SpilledState`], [`SpillReader`], and [`SegmentReader`] for a file
+//! [`SpilledState::publish`] handed to the caller) and `engine` ([`Engine`]).
 //!
 //! `unsafe` is denied everywhere but in `io` (the io_uring backend) and `sys`.
 
@@ -70,7 +71,8 @@ pub mod testing;
 pub use bytes::Bytes;
 pub use cleanup::CleanupReport;
 pub use config::{
-    Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode,
+    Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_OPEN_FILES, MAX_SEGMENT_SIZE,
+    MIN_SEGMENT_SIZE, WriteMode,
 };
 pub use engine::{Engine, ShutdownReport};
 pub use error::{Result, SpillError};
@@ -80,6 +82,7 @@ pub use format::names::{PROC_PREFIX, proc_dir_name};
 pub use format::segment;
 pub use metrics::Metrics;
 pub use spill::reader::SpillReader;
-pub use spill::state::SpilledState;
+pub use spill::segment_reader::SegmentReader;
+pub use spill::state::{PublishOptions, SpilledState};
 pub use spill::task::TaskSpill;
 pub use spill::writer::{RecordSlot, SpillWriter};

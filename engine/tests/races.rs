@@ -473,7 +473,7 @@ fn reader_during_a_publish_that_rolls_back(b: BackendKind) {
     pause.release();
     let published = publisher.join().unwrap();
     assert!(
-        matches!(&published, Err(SpillError::Io { .. })),
+        matches!(&published, Err(SpillError::PublishFailed { .. })),
         "the taken name fails the publish: {published:?}"
     );
     let read = reader.join().unwrap();

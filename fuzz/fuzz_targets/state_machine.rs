@@ -11,8 +11,8 @@
 //!
 //! Properties checked on every call:
 //! - every record read is exactly the record written at that position, and a reader ends
-//!   exactly after the last one; published files parse (with the reader's own parser) to
-//!   exactly the records written;
+//!   exactly after the last one; published files parse (with the reader's own parser, and
+//!   with the public `SegmentReader`) to exactly the records written;
 //! - on an open task without armed write faults, no call fails, except `LedgerFull` /
 //!   `QuotaExceeded` (then the record was not written and the writer stays usable);
 //! - once a task is closed or cancelled, every call on its writers, states and readers ends in
@@ -951,6 +951,21 @@ impl Run<'_> {
             let parsed = parse_segment(&buf, buf.len(), seg, id);
             if let Some(d) = parsed.damage {
                 self.fail(format!("published {}: damage {d:?}", p.display()));
+            }
+            // The public reader of a published file agrees with the in-memory parse.
+            match spillring::SegmentReader::open(p).and_then(|r| r.collect::<Result<Vec<_>, _>>()) {
+                Ok(v)
+                    if v.len() == parsed.records.len()
+                        && v.iter()
+                            .zip(&parsed.records)
+                            .all(|(a, r)| a[..] == buf[r.clone()]) => {}
+                Ok(v) => self.fail(format!(
+                    "published {}: SegmentReader read {} records, the parse {}",
+                    p.display(),
+                    v.len(),
+                    parsed.records.len()
+                )),
+                Err(e) => self.fail(format!("published {}: SegmentReader: {e}", p.display())),
             }
             got.extend(parsed.records.into_iter().map(|r| buf[r].to_vec()));
             std::fs::remove_file(p).expect("remove published file");

@@ -7,6 +7,7 @@
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod buf;
+mod fdcache;
 mod gate;
 mod lane;
 mod offload;
@@ -16,6 +17,7 @@ mod reaper;
 pub(crate) mod uring;
 
 pub(crate) use buf::{BufferPool, IoBuf};
+pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
 pub(crate) use offload::{Offload, Offloaded};
@@ -43,6 +45,7 @@ pub(crate) struct IoHandle {
     pool: Arc<BufferPool>,
     reaper: Reaper,
     fault: Option<Arc<FaultPlan>>,
+    fds: Arc<FdCache>,
     offload: Offload,
 }
 
@@ -65,6 +68,8 @@ pub(crate) struct IoSetup {
     pub fault: Option<Arc<FaultPlan>>,
     pub deadline: Arc<Deadline>,
     pub reaper: Reaper,
+    /// The bound on segment fds writers hold (`max_open_files`).
+    pub max_open_files: usize,
 }
 
 impl IoHandle {
@@ -116,8 +121,14 @@ impl IoHandle {
             pool: setup.pool.clone(),
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
+            fds: FdCache::new(setup.max_open_files),
             offload: Offload::new(),
         }
+    }
+
+    /// The bound on segment fds writers hold, shared by every lane and backend.
+    pub(crate) fn fds(&self) -> &Arc<FdCache> {
+        &self.fds
     }
 
     /// The staging buffers.

@@ -24,8 +24,8 @@ use crate::sync;
 enum Life {
     /// The state holds them.
     Held,
-    /// `publish` is renaming them: grants wait for it to end (it rolls back to `Held` when
-    /// nothing moved).
+    /// `publish` is renaming them: grants wait for it to end (it rolls back to `Held` when it
+    /// fails: it moves back whatever it had moved first).
     Publishing,
     /// They went to the caller by `publish`.
     Published,
@@ -147,8 +147,9 @@ impl<T> Grants<T> {
         Ok(std::mem::take(&mut o.entries))
     }
 
-    /// Ends a publish that moved nothing: the files are held again, unless the scope closed
-    /// meanwhile: then they are handed back (to delete) and gone.
+    /// Ends a publish that failed (any file it moved was moved back first): the files are held
+    /// again, unless the scope closed meanwhile: then they are handed back (to delete) and
+    /// gone.
     pub(crate) fn roll_back_publish(&self, entries: Vec<T>) -> Option<Vec<T>> {
         let mut o = self.owned.lock();
         let back = if self.is_aborted() {

@@ -284,7 +284,13 @@ fn open_segment(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
         &state.core().fault,
         crate::fault::FaultPoint::ReaderOpen,
     );
-    let fd = match crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
+    // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
+    let opened = state
+        .core()
+        .io
+        .fds()
+        .open_with(|| crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()));
+    let fd = match opened {
         Ok(fd) => fd,
         Err(e) => {
             return Err(open_error(state, path(), e));

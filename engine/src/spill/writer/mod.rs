@@ -44,6 +44,7 @@ macro_rules! ready_ok {
 
 mod hook;
 mod place;
+mod reopen;
 mod rotate;
 mod slot;
 
@@ -172,7 +173,7 @@ impl SpillWriter {
         self.check_open()?;
         let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
         self.settle(r)?;
-        trim_allocations(&self.shared, self.direct);
+        trim_allocations(&self.core, &self.shared, self.direct);
         self.hand_off()
     }
 
@@ -188,12 +189,12 @@ impl SpillWriter {
         .await;
         self.settle(r)?;
         if rotate::needs_trim(&self.shared) {
-            let (shared, direct) = (self.shared.clone(), self.direct);
+            let (core, shared, direct) = (self.core.clone(), self.shared.clone(), self.direct);
             let mut job = self
                 .core
                 .io
                 .offload()
-                .run(move || trim_allocations(&shared, direct));
+                .run(move || trim_allocations(&core, &shared, direct));
             poll_fn(|cx| job.poll(cx)).await;
         }
         self.hand_off()

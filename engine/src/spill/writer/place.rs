@@ -62,6 +62,10 @@ impl SpillWriter {
         if p.vectored {
             ready_ok!(self.flush_staging(wait, false));
             ready_ok!(self.poll_slot(wait));
+            let file = match self.segment_file() {
+                Ok(f) => f,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
             let Some(seg) = self.seg.as_mut() else {
                 return Poll::Ready(Err(SpillError::WriterFailed));
             };
@@ -70,7 +74,7 @@ impl SpillWriter {
             seg.staged_at = seg.logical;
             let op = Op {
                 kind: OpKind::Write {
-                    file: seg.file.clone(),
+                    file,
                     offset,
                     data: WriteData::Framed {
                         frame: p.frame,
@@ -136,6 +140,16 @@ impl SpillWriter {
                 Wait::Block => Poll::Ready(self.open_segment(need)),
                 Wait::Async(cx) => self.poll_open_segment(need, cx),
             };
+        };
+        if !seg.file.is_cached() {
+            // Evicted while idle: reopened before any byte of the record is placed, so a
+            // refusal (`TooManyOpenFiles`) leaves the writer usable.
+            if let Err(e) = self.reopen_segment() {
+                return Poll::Ready(Err(e));
+            }
+        }
+        let Some(seg) = &mut self.seg else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
         };
         if seg.logical + need > seg.reserved {
             // Only an empty segment gets here (a dropped `RecordSlot` opened it): the record
@@ -269,6 +283,10 @@ impl SpillWriter {
             return Poll::Ready(Ok(()));
         }
         ready_ok!(self.poll_slot(wait));
+        let file = match self.segment_file() {
+            Ok(f) => f,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         let (Some(mut buf), Some(seg)) = (self.staging.take(), self.seg.as_mut()) else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
@@ -282,7 +300,7 @@ impl SpillWriter {
         seg.staged_at += len as u64;
         let op = Op {
             kind: OpKind::Write {
-                file: seg.file.clone(),
+                file,
                 offset,
                 data: WriteData::Staged(buf),
             },

@@ -15,7 +15,7 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{FileHandle, IoBuf};
+use crate::io::{CachedFile, FdPermit, IoBuf};
 use crate::metrics::Counters;
 use crate::spill::task::TaskShared;
 use crate::store::dir::{self, TaskDir};
@@ -30,7 +30,9 @@ pub(super) struct OpenSegment {
     pub(super) allocated: u64,
     /// Bytes of quota the segment's ticket holds.
     pub(super) reserved: u64,
-    pub(super) file: Arc<FileHandle>,
+    /// The segment's fd, which the engine's fd bound may close while it is idle (reopened by
+    /// name for the next write: `reopen.rs`).
+    pub(super) file: CachedFile,
     /// Bytes appended so far (header included): the next record's offset.
     pub(super) logical: u64,
     /// File offset of the staging buffer's first byte.
@@ -137,7 +139,11 @@ impl SpillWriter {
     /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
     /// its header.
     fn start_segment(&mut self, o: Opened) -> Result<()> {
-        let file = FileHandle::new(o.fd, self.core.io.reaper().clone());
+        let file = self
+            .core
+            .io
+            .fds()
+            .install(o.fd, o.permit, self.core.io.reaper().clone());
         let mut buf = match o.buf {
             Some(b) => b,
             None => self
@@ -175,6 +181,8 @@ pub(super) struct Rotor {
 /// A segment created (or reused), allocated and recorded in the file list: ready to write.
 pub(super) struct Opened {
     fd: OwnedFd,
+    /// The fd's place in the engine's bound.
+    permit: FdPermit,
     seg: u32,
     entry_index: usize,
     /// Bytes allocated to the file (direct mode, `preallocate`), 0 if none.
@@ -191,6 +199,9 @@ impl Rotor {
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.
     pub(super) fn open(&self, reserve: u64) -> Result<Opened> {
+        // The new segment's fd counts in the engine's bound: taken first (waits at the bound;
+        // an async rotation waits on the offload thread).
+        let permit = self.core.io.fds().permit();
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
@@ -205,6 +216,7 @@ impl Rotor {
         let (entry_index, fd) = self.record_segment(made)?;
         Ok(Opened {
             fd,
+            permit,
             seg,
             entry_index,
             allocated,
@@ -253,7 +265,8 @@ impl Rotor {
         let generation = e.generation.wrapping_add(1);
         let name = SegmentFileName::new(e.seg);
         let reopened = e.grow_to(reserve).and_then(|()| {
-            dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct)
+            let fds = core.io.fds();
+            fds.open_with(|| dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct))
                 .map_err(|err| SpillError::io("reopen", e.path(), err))
         });
         let fd = match reopened {
@@ -387,7 +400,11 @@ impl Rotor {
         ) {
             Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
             Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
-            _ => dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct),
+            _ => self
+                .core
+                .io
+                .fds()
+                .open_with(|| dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct)),
         };
         match created {
             Ok(fd) => {
@@ -522,7 +539,7 @@ pub(super) fn trimmed_len(len: u64) -> u64 {
 /// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
 /// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
 /// trim fails keeps its whole ticket: the quota still counts what is allocated.
-pub(super) fn trim_allocations(shared: &WriterShared, direct: bool) {
+pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool) {
     if !needs_trim(shared) {
         return;
     }
@@ -541,7 +558,10 @@ pub(super) fn trim_allocations(shared: &WriterShared, direct: bool) {
         // punching a hole past the end is a no-op on ext4).
         let keep = if direct { trimmed_len(len) } else { len };
         let name = SegmentFileName::new(seg);
-        let r = dir::open_write_at(dir.as_fd(), name.as_cstr())
+        let r = core
+            .io
+            .fds()
+            .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
             .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
         match r {
             Ok(()) => {
