@@ -109,6 +109,7 @@ pub struct EngineConfig {
     pub(crate) io_buffer_size: usize,
     pub(crate) queue_depth: usize,
     pub(crate) registered_buffers: usize,
+    pub(crate) max_buffer_memory: usize,
     pub(crate) large_record_threshold: usize,
     pub(crate) preallocate: bool,
     pub(crate) cleanup_retry_delay: Duration,
@@ -135,6 +136,10 @@ struct Explicit {
 const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
 /// Default staging buffer size (when segments are not smaller).
 const DEFAULT_IO_BUFFER_SIZE: usize = 1 << 20;
+/// Default engine-wide bound on staging buffer memory (twice the largest `io_buffer_size`).
+pub const DEFAULT_MAX_BUFFER_MEMORY: usize = 128 << 20;
+/// Largest accepted `max_buffer_memory`.
+const MAX_BUFFER_MEMORY: usize = 1 << 40;
 /// Default bound on the segment fds open writers hold.
 const DEFAULT_MAX_OPEN_FILES: usize = 1024;
 /// Largest accepted `max_open_files`.
@@ -155,6 +160,7 @@ impl EngineConfig {
             io_buffer_size: DEFAULT_IO_BUFFER_SIZE,
             queue_depth: 8,
             registered_buffers: 64,
+            max_buffer_memory: DEFAULT_MAX_BUFFER_MEMORY,
             large_record_threshold: 256 << 10,
             preallocate: false,
             cleanup_retry_delay: Duration::from_secs(1),
@@ -248,6 +254,22 @@ impl EngineConfig {
     /// Default 64. Bounds: 0..=16,384.
     pub fn registered_buffers(mut self, n: usize) -> Self {
         self.registered_buffers = n;
+        self
+    }
+
+    /// Engine-wide bound on the memory of staging buffers (those writers hold, those in flight
+    /// and the free ones the engine keeps): buffers are never mapped past it. A writer's buffer
+    /// is `io_buffer_size` while the buffers out use at most half of this, and smaller (down
+    /// to 4 KiB) as it fills, so many open writers share it with small buffers. When not even
+    /// 4 KiB is left, a writer waits for a buffer in flight to come back (an async writer
+    /// waits asynchronously); when none is in flight (every buffer is held by an open writer,
+    /// e.g. one thread writing round-robin to thousands of writers), the write fails with
+    /// [`SpillError::BufferBudgetExhausted`] rather than wait forever. The registered buffers
+    /// (`registered_buffers`) are full-size buffers inside this bound. Default 128 MiB
+    /// ([`DEFAULT_MAX_BUFFER_MEMORY`]): 64 writers at full buffer size, or about 30,000 idle
+    /// writers at 4 KiB. Bounds: `io_buffer_size..=1 TiB`.
+    pub fn max_buffer_memory(mut self, bytes: usize) -> Self {
+        self.max_buffer_memory = bytes;
         self
     }
 
@@ -430,6 +452,12 @@ impl EngineConfig {
             return bad(format!(
                 "queue_depth: need 1..=1024, got {}",
                 self.queue_depth
+            ));
+        }
+        if !(self.io_buffer_size..=MAX_BUFFER_MEMORY).contains(&self.max_buffer_memory) {
+            return bad(format!(
+                "max_buffer_memory: need io_buffer_size ({})..=1 TiB, got {}",
+                self.io_buffer_size, self.max_buffer_memory
             ));
         }
         if self.registered_buffers > 16_384 {

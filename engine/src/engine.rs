@@ -172,6 +172,11 @@ impl Engine {
         self.inner.core.io.fds()
     }
 
+    /// The staging buffer pool and its budget (for `testing::buffer_stats`).
+    pub(crate) fn buffer_pool(&self) -> &Arc<crate::io::BufferPool> {
+        self.inner.core.io.pool()
+    }
+
     /// Validates `cfg`, creates and locks this engine's directory under every root, claims
     /// the directories of dead engines for background deletion, probes io_uring (falling back
     /// to psync under `BackendKind::Auto`), and starts the engine's threads.
@@ -370,6 +375,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
             0
         },
         64,
+        cfg.max_buffer_memory,
     );
     let setup = IoSetup {
         threads: cfg.ring_threads,

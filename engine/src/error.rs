@@ -65,6 +65,21 @@ pub enum SpillError {
         source: io::Error,
     },
 
+    /// The staging buffers of every open writer use the whole `max_buffer_memory` budget and
+    /// none is in flight, so no buffer would ever come back for this write (one thread writing
+    /// to more open writers than the budget has 4 KiB buffers for). The writer failed and
+    /// deleted its files. Raise `EngineConfig::max_buffer_memory`, or finish writers before
+    /// opening more.
+    #[error(
+        "staging buffer budget exhausted: open writers hold {held} of max_buffer_memory {budget} bytes and no write is in flight; raise EngineConfig::max_buffer_memory or finish writers before opening more"
+    )]
+    BufferBudgetExhausted {
+        /// `max_buffer_memory`.
+        budget: usize,
+        /// Bytes of staging buffers held by open writers.
+        held: usize,
+    },
+
     /// A segment does not hold what was written: a torn, truncated or corrupt file. No bytes of
     /// the bad record were returned.
     #[error("corrupt segment {segment} ({path}) at offset {offset}: {detail}")]

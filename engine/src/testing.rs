@@ -113,3 +113,24 @@ pub fn fd_stats(engine: &crate::Engine) -> FdStats {
         evictions: c.evictions(),
     }
 }
+
+/// The engine's staging buffer budget (`max_buffer_memory`), as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferStats {
+    /// The budget.
+    pub budget: usize,
+    /// Bytes of staging buffers mapped now (held by writers, in flight, or free in the pool).
+    pub mapped: usize,
+    /// The most ever mapped at once.
+    pub peak: usize,
+}
+
+/// The state of `engine`'s staging buffer budget.
+pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
+    let (budget, mapped, peak) = engine.buffer_pool().stats();
+    BufferStats {
+        budget,
+        mapped,
+        peak,
+    }
+}

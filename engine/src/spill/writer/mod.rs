@@ -75,6 +75,8 @@ pub struct SpillWriter {
     placing: Option<Placing>,
     /// An async rotation running on the offload pool (see `rotate.rs`).
     opening: Option<Offloaded<Result<Opened>>>,
+    /// An async allocation step of the open segment running on the offload pool (`rotate.rs`).
+    growing: Option<Offloaded<std::io::Result<u64>>>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -127,6 +129,7 @@ impl SpillWriter {
             staging: None,
             placing: None,
             opening: None,
+            growing: None,
             life: Life::Open,
             core,
         })
@@ -212,7 +215,7 @@ impl SpillWriter {
         if self.shared.files.is_aborted() {
             return Err(self.observe_abort());
         }
-        if self.placing.is_some() || self.opening.is_some() {
+        if self.placing.is_some() || self.opening.is_some() || self.growing.is_some() {
             // A write_async future was dropped half way: the stream may hold a torn record.
             // (Or an async call was dropped while its rotation ran on the offload pool: the
             // segment it records is not this writer's open one.)
@@ -302,6 +305,7 @@ impl SpillWriter {
     fn release_io(&mut self) {
         self.placing = None;
         self.opening = None;
+        self.growing = None;
         self.staging = None;
         self.seg = None;
     }

@@ -11,7 +11,7 @@ use super::{SpillWriter, Wait, blocking};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
-use crate::io::{Op, OpKind, WriteData};
+use crate::io::{Op, OpKind, Short, WriteData};
 use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
 
@@ -62,6 +62,10 @@ impl SpillWriter {
         if p.vectored {
             ready_ok!(self.flush_staging(wait, false));
             ready_ok!(self.poll_slot(wait));
+            if let Some(seg) = self.seg.as_ref() {
+                let end = seg.logical + need;
+                ready_ok!(self.poll_allocated(end, wait));
+            }
             let file = match self.segment_file() {
                 Ok(f) => f,
                 Err(e) => return Poll::Ready(Err(e)),
@@ -182,10 +186,7 @@ impl SpillWriter {
             ready_ok!(self.flush_staging(wait, false));
         }
         if self.staging.is_none() {
-            match self.core.io.pool().get() {
-                Ok(b) => self.staging = Some(b),
-                Err(e) => return Poll::Ready(Err(SpillError::io("allocate buffer", "", e))),
-            }
+            ready_ok!(self.poll_buffer(0, wait));
         }
         let Some(buf) = self.staging.as_mut() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
@@ -202,6 +203,37 @@ impl SpillWriter {
             *done += n;
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Takes a staging buffer of at least `at_least` bytes under the engine's buffer budget
+    /// (`io/buf.rs`): waits while the budget is full and a buffer is in flight (asynchronously
+    /// for an async write); `BufferBudgetExhausted` when nothing is in flight to wait for.
+    pub(super) fn poll_buffer(
+        &mut self,
+        at_least: usize,
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
+        let pool = self.core.io.pool().clone();
+        loop {
+            if self.shared.files.is_aborted() {
+                return Poll::Ready(Err(SpillError::Aborted));
+            }
+            match pool.try_get(at_least) {
+                Ok(b) => {
+                    self.staging = Some(b);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(Short::Wait { epoch }) => match wait {
+                    Wait::Block => pool.wait_returned(epoch),
+                    Wait::Async(cx) => {
+                        if pool.register_waker(epoch, cx.waker()) {
+                            return Poll::Pending;
+                        }
+                    }
+                },
+                Err(short) => return Poll::Ready(Err(short_error(short))),
+            }
+        }
     }
 
     /// Waits until this writer may have one more write in flight. Reports an earlier write's
@@ -283,6 +315,16 @@ impl SpillWriter {
             return Poll::Ready(Ok(()));
         }
         ready_ok!(self.poll_slot(wait));
+        // The write's end (padded in direct mode) must be allocated first.
+        if let (Some(b), Some(seg)) = (self.staging.as_ref(), self.seg.as_ref()) {
+            let len = if pad {
+                b.len.next_multiple_of(DIRECT_ALIGN).min(b.capacity())
+            } else {
+                b.len
+            };
+            let end = seg.staged_at + len as u64;
+            ready_ok!(self.poll_allocated(end, wait));
+        }
         let file = match self.segment_file() {
             Ok(f) => f,
             Err(e) => return Poll::Ready(Err(e)),
@@ -298,6 +340,8 @@ impl SpillWriter {
         }
         let offset = seg.staged_at;
         seg.staged_at += len as u64;
+        // Counted in flight: a writer short of buffer budget may wait for it to come back.
+        buf.mark_in_flight();
         let op = Op {
             kind: OpKind::Write {
                 file,
@@ -344,5 +388,14 @@ impl SpillWriter {
             }
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+/// The error for a buffer the budget could not give (a wait is not an error).
+pub(super) fn short_error(short: Short) -> SpillError {
+    match short {
+        Short::Exhausted { budget, held } => SpillError::BufferBudgetExhausted { budget, held },
+        Short::Io(e) => SpillError::io("allocate buffer", "", e),
+        Short::Wait { .. } => SpillError::WriterFailed,
     }
 }

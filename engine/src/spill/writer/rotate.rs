@@ -7,8 +7,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::SpillWriter;
 use super::hook::WriterShared;
+use super::place::short_error;
+use super::{SpillWriter, Wait};
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
 use crate::core::Core;
@@ -26,7 +27,8 @@ use crate::sys::errno;
 /// The segment being written.
 pub(super) struct OpenSegment {
     pub(super) entry_index: usize,
-    /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
+    /// Bytes allocated to the file so far (direct mode, `preallocate`; grown in steps, see
+    /// [`SpillWriter::poll_allocated`]), 0 if none.
     pub(super) allocated: u64,
     /// Bytes of quota the segment's ticket holds.
     pub(super) reserved: u64,
@@ -92,7 +94,7 @@ impl SpillWriter {
     /// [`Rotor::open`].
     pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
         let reserve = self.segment_reserve(need);
-        let opened = self.rotor().open(reserve)?;
+        let opened = self.rotor().open(reserve, first_step(need, reserve))?;
         self.start_segment(opened)
     }
 
@@ -111,10 +113,14 @@ impl SpillWriter {
         if self.opening.is_none() {
             let rotor = self.rotor();
             let reserve = self.segment_reserve(need);
+            let step = first_step(need, reserve);
             self.opening = Some(self.core.io.offload().run(move || {
-                let mut opened = rotor.open(reserve)?;
-                // Mapping a fresh staging buffer is a syscall too (a pooled one is not).
-                opened.buf = rotor.core.io.pool().get().ok();
+                let mut opened = rotor.open(reserve, step)?;
+                // Mapping a fresh staging buffer is a syscall too (a pooled one is not), and
+                // a full buffer budget waits here, off the caller's thread. An error leaves
+                // the recorded file to the writer's failure.
+                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN);
+                opened.buf = Some(buf.map_err(short_error)?);
                 Ok(opened)
             }));
         }
@@ -150,8 +156,8 @@ impl SpillWriter {
                 .core
                 .io
                 .pool()
-                .get()
-                .map_err(|e| SpillError::io("allocate buffer", "", e))?,
+                .get_blocking(HEADER_LEN)
+                .map_err(short_error)?,
         };
         buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));
         self.staging = Some(buf);
@@ -198,7 +204,7 @@ impl Rotor {
     /// Creates the next segment: ticket first, then the file, then the abort check under the
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.
-    pub(super) fn open(&self, reserve: u64) -> Result<Opened> {
+    pub(super) fn open(&self, reserve: u64, step: u64) -> Result<Opened> {
         // The new segment's fd counts in the engine's bound: taken first (waits at the bound;
         // an async rotation waits on the offload thread).
         let permit = self.core.io.fds().permit();
@@ -206,7 +212,7 @@ impl Rotor {
         let mut attempt = 0;
         let made = loop {
             attempt += 1;
-            match self.create_segment(reserve) {
+            match self.create_segment(reserve, step) {
                 Ok(made) => break made,
                 Err(f) if f.next_root && attempt < attempts => continue,
                 Err(f) => return Err(f.err),
@@ -228,14 +234,14 @@ impl Rotor {
 
     /// One attempt, on the root `Core::pick_root` gives: the directory, the ticket and segment
     /// number, the file, its allocation.
-    fn create_segment(&self, reserve: u64) -> std::result::Result<Created, Failed> {
+    fn create_segment(&self, reserve: u64, step: u64) -> std::result::Result<Created, Failed> {
         let (root, dir) = self.segment_dir()?;
-        if let Some(made) = self.reuse_segment(root, reserve)? {
+        if let Some(made) = self.reuse_segment(root, reserve, step)? {
             return Ok(made);
         }
         let r = self.reserve_segment(root, dir, reserve)?;
         let (r, fd) = self.create_file(r)?;
-        self.allocate(r, fd, reserve)
+        self.allocate(r, fd, step)
     }
 
     /// A pooled file under `root`, reopened for this use with the next generation and its
@@ -245,6 +251,7 @@ impl Rotor {
         &self,
         root: usize,
         reserve: u64,
+        step: u64,
     ) -> std::result::Result<Option<Created>, Failed> {
         let core = &self.core;
         if !core.store.pool.enabled() {
@@ -278,7 +285,14 @@ impl Rotor {
                 return Ok(None);
             }
         };
-        let allocated = match self.preallocate(fd.as_fd(), reserve) {
+        // The file keeps the blocks of its last use: only a first step larger than those is
+        // allocated.
+        let prealloc = if self.allocates() && on_disk >= step {
+            Ok(on_disk)
+        } else {
+            self.preallocate(fd.as_fd(), step)
+        };
+        let allocated = match prealloc {
             Ok(a) => a.max(on_disk),
             Err(err) => {
                 drop(fd);
@@ -442,20 +456,15 @@ impl Rotor {
         SpillError::io("create", r.dir.path.join(name.as_str()), e)
     }
 
-    /// Allocates `reserve` bytes of the file up front where the mode asks for it; the bytes
+    /// True if the mode allocates segments ahead of their writes (direct, `preallocate`).
+    fn allocates(&self) -> bool {
+        self.direct || self.core.cfg.preallocate
+    }
+
+    /// Allocates the first `len` bytes of the file where the mode asks for it; the bytes
     /// allocated (0 if none, or if the filesystem cannot).
-    fn preallocate(&self, fd: BorrowedFd<'_>, reserve: u64) -> io::Result<u64> {
-        // Direct mode allocates the whole segment up front (file size included): O_DIRECT
-        // writes inside the file size run in parallel under a shared inode lock, where
-        // extending writes serialise. `preallocate` does the same without growing the file.
-        let done = if self.direct {
-            dir::allocate(fd, reserve)?
-        } else if self.core.cfg.preallocate {
-            dir::preallocate(fd, reserve)?
-        } else {
-            false
-        };
-        Ok(if done { reserve } else { 0 })
+    fn preallocate(&self, fd: BorrowedFd<'_>, len: u64) -> io::Result<u64> {
+        allocate_step(fd, self.direct, self.core.cfg.preallocate, len)
     }
 
     /// Allocates the new file up front where the mode asks for it. A failure deletes the file
@@ -464,12 +473,11 @@ impl Rotor {
         &self,
         r: Reserved,
         fd: OwnedFd,
-        reserve: u64,
+        step: u64,
     ) -> std::result::Result<Created, Failed> {
-        // Direct mode allocates the whole segment up front (file size included): O_DIRECT
-        // writes inside the file size run in parallel under a shared inode lock, where
-        // extending writes serialise. `preallocate` does the same without growing the file.
-        let prealloc = self.preallocate(fd.as_fd(), reserve);
+        // The first allocation step (see `first_step`): the rest comes in steps as the writes
+        // reach it (`SpillWriter::poll_allocated`).
+        let prealloc = self.preallocate(fd.as_fd(), step);
         let allocated = *prealloc.as_ref().unwrap_or(&0);
         if let Err(e) = prealloc {
             drop(fd);
@@ -526,6 +534,110 @@ impl Rotor {
         }
         let entry = SegmentEntry::new(dir.clone(), seg, ticket);
         delete_segments(&self.core, self.lane, vec![entry]);
+    }
+}
+
+/// The first allocation step of a segment: room for its header and first record, at least
+/// [`ALLOC_STEP_MIN`], whole blocks, at most the segment's reservation.
+fn first_step(need: u64, reserve: u64) -> u64 {
+    (HEADER_LEN as u64 + need)
+        .max(ALLOC_STEP_MIN)
+        .next_multiple_of(DIRECT_ALIGN as u64)
+        .min(reserve)
+}
+
+/// The smallest allocation step (direct mode, `preallocate`).
+pub(super) const ALLOC_STEP_MIN: u64 = 1 << 20;
+
+/// The next allocation of a segment holding `allocated` bytes whose writes reach `end`: double
+/// what it has, at least to `end`, at most its reservation (or `end` past that).
+pub(super) fn next_step(allocated: u64, end: u64, reserve: u64) -> u64 {
+    (allocated * 2)
+        .max(ALLOC_STEP_MIN)
+        .min(reserve)
+        .max(end.next_multiple_of(DIRECT_ALIGN as u64))
+}
+
+/// `fallocate`s the first `len` bytes of a segment: growing the file (direct mode: O_DIRECT
+/// writes inside the file size run in parallel under a shared inode lock, where extending
+/// writes serialise) or keeping its size (`preallocate`: a full disk fails here rather than
+/// mid-record). The bytes allocated: `len`, or 0 if the mode allocates nothing or the
+/// filesystem cannot.
+fn allocate_step(fd: BorrowedFd<'_>, direct: bool, preallocate: bool, len: u64) -> io::Result<u64> {
+    let done = if direct {
+        dir::allocate(fd, len)?
+    } else if preallocate {
+        dir::preallocate(fd, len)?
+    } else {
+        false
+    };
+    Ok(if done { len } else { 0 })
+}
+
+impl SpillWriter {
+    /// Makes sure the open segment is allocated up to `end` before a write reaches it (direct
+    /// mode, `preallocate`; nothing otherwise, or if the filesystem could not allocate its
+    /// first step). Segments are allocated in steps, not whole: the first step at rotation
+    /// ([`first_step`]: 1 MiB or the first record), then doubling up to the segment's
+    /// reservation (its ticket holds the whole segment all along, so a step never needs a
+    /// ticket and the quota counts a segment's full size from its creation). A blocking
+    /// writer allocates on its own thread; an async one on the offload pool (the `_async`
+    /// rule), `Pending` until it is done. A failed step fails the write (`StorageFull` on
+    /// ENOSPC).
+    pub(super) fn poll_allocated(&mut self, end: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let (direct, prealloc) = (self.direct, self.core.cfg.preallocate);
+        let Some(seg) = self.seg.as_ref() else {
+            return Poll::Ready(Ok(()));
+        };
+        if seg.allocated == 0 || end <= seg.allocated {
+            return Poll::Ready(Ok(()));
+        }
+        let target = next_step(seg.allocated, end, seg.reserved);
+        let file = match self.segment_file() {
+            Ok(f) => f,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let r =
+            match wait {
+                Wait::Block => allocate_step(file.as_fd(), direct, prealloc, target),
+                Wait::Async(cx) => {
+                    if self.growing.is_none() {
+                        self.growing =
+                            Some(self.core.io.offload().run(move || {
+                                allocate_step(file.as_fd(), direct, prealloc, target)
+                            }));
+                    }
+                    let Some(job) = self.growing.as_mut() else {
+                        return Poll::Ready(Err(SpillError::WriterFailed));
+                    };
+                    let r = match job.poll(cx) {
+                        Poll::Ready(r) => r,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    self.growing = None;
+                    r
+                }
+            };
+        let Some(seg) = self.seg.as_mut() else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        match r {
+            // The filesystem cannot (it could the first step): the write extends the file.
+            Ok(0) => Poll::Ready(Ok(())),
+            Ok(_) => {
+                seg.allocated = target;
+                Poll::Ready(Ok(()))
+            }
+            Err(e) => {
+                let f = self.shared.files.lock();
+                let path = f
+                    .entries
+                    .get(seg.entry_index)
+                    .map(SegmentEntry::path)
+                    .unwrap_or_default();
+                Poll::Ready(Err(SpillError::io("preallocate", path, e)))
+            }
+        }
     }
 }
 

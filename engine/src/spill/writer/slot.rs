@@ -6,6 +6,7 @@ use std::task::Poll;
 use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
 use crate::format::segment::{self, FRAME_LEN};
+use crate::io::Short;
 
 /// A record filled in place, in the writer's staging buffer: the bytes the caller writes here
 /// are the bytes that go to disk, with no copy. Made by [`SpillWriter::record`]; `commit`
@@ -130,9 +131,16 @@ impl SpillWriter {
     /// The slot in the staging buffer, taking a buffer if the writer has none.
     fn in_place_slot(&mut self, len: usize) -> Result<RecordSlot<'_>> {
         if self.staging.is_none() {
-            match self.core.io.pool().get() {
-                Ok(b) => self.staging = Some(b),
-                Err(e) => return Err(self.fail(SpillError::io("allocate buffer", "", e))),
+            // Under the buffer budget without waiting: a buffer too small, or none free, and
+            // the record is an owned slot, whose commit waits (or fails) like a write.
+            match self.core.io.pool().try_get(FRAME_LEN + len) {
+                Ok(b) if b.remaining() >= FRAME_LEN + len => self.staging = Some(b),
+                Ok(_) | Err(Short::Wait { .. } | Short::Exhausted { .. }) => {
+                    return Ok(self.owned_slot(len));
+                }
+                Err(Short::Io(e)) => {
+                    return Err(self.fail(SpillError::io("allocate buffer", "", e)));
+                }
             }
         }
         let at = self.staging.as_ref().map_or(0, |b| b.len);
