@@ -438,6 +438,22 @@ for _mode in ("buffered", "direct"):
         shown=lambda d, m=_mode: (f"{f(d['modes'][m]['max_poll_ms']['median'])} ms (median of "
                                   f"{d['modes'][m]['max_poll_ms']['n']} runs, {f(d['modes'][m]['max_poll_ms']['min'])}"
                                   f"–{f(d['modes'][m]['max_poll_ms']['max'])})")))
+# writers.json: benches/benches/writers.rs (issue 13, point 4: 64 writers of one task, round-robin,
+# 4 MiB each). Disk: direct mode allocates segments in doubling steps, so a writer holds at most
+# about twice what it wrote (plus its 1 MiB first step); RSS rows are context.
+for _mode in ("buffered", "direct"):
+    GOALS.append(Goal(
+        "writers", f"64 open writers round-robin, 4 MiB each: peak RSS delta per writer, {_mode}", "writers",
+        lambda d, m=_mode: d["modes"][m]["rss_bytes_per_writer_median"], None, None, unit=" B",
+        shown=lambda d, m=_mode: (f"{f(d['modes'][m]['rss_bytes_per_writer_median'] / 2**20, 2)} MiB (peak "
+                                  f"{f(d['modes'][m]['peak_rss_delta_bytes_median'] / 2**20, 1)} MiB, median of "
+                                  f"{len(d['modes'][m]['peak_rss_delta_bytes'])} runs)")))
+GOALS.append(Goal(
+    "writers", "64 open writers round-robin, 4 MiB each: peak disk held / bytes written, direct", "writers",
+    lambda d: d["modes"]["direct"]["disk_per_written_median"], "<=", 2.1,
+    shown=lambda d: (f"{f(d['modes']['direct']['disk_per_written_median'], 2)} "
+                     f"({f(d['modes']['direct']['peak_disk_bytes_median'] / 2**20, 0)} MiB for "
+                     f"{f(d['modes']['direct']['written_bytes'] / 2**20, 0)} MiB)")))
 FIO_KEY = "single direct spill: engine MB/s / fio MB/s (same job, interleaved pairs)"
 CAP_GOAL = next(g for g in GOALS if g.source == "capacity")
 

@@ -332,3 +332,28 @@ fn preallocate_allocates_in_steps_too(backend: BackendKind) {
     task.close();
     assert_clean(&engine, dir.path());
 }
+
+/// `max_buffer_memory` below `io_buffer_size` or above 1 TiB is refused naming the field; its
+/// default works with the largest `io_buffer_size`.
+#[test]
+fn max_buffer_memory_is_validated_and_its_default_fits_every_io_buffer_size() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [512 << 10, usize::MAX] {
+        let r = EngineConfig::new(dir.path())
+            .io_buffer_size(1 << 20)
+            .max_buffer_memory(bad)
+            .validate();
+        match r {
+            Err(SpillError::InvalidConfig(m)) => assert!(m.contains("max_buffer_memory"), "{m}"),
+            other => panic!("{bad}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+    EngineConfig::new(dir.path())
+        .io_buffer_size(64 << 20)
+        .validate()
+        .unwrap();
+    EngineConfig::new(dir.path())
+        .max_buffer_memory(1 << 20)
+        .validate()
+        .unwrap();
+}

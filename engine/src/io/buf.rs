@@ -101,13 +101,8 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if self.in_flight {
-            self.pool
-                .in_flight
-                .fetch_sub(self.capacity(), Ordering::Relaxed);
-        }
         if let Some(map) = self.map.take() {
-            self.pool.put(map, self.slot);
+            self.pool.put(map, self.slot, self.in_flight);
         }
     }
 }
@@ -288,8 +283,9 @@ impl BufferPool {
         loop {
             let m = self.mapped.load(Ordering::Relaxed);
             if m + len <= self.budget {
-                // Under the free-list lock: every change of `mapped` up is made here.
-                self.mapped.store(m + len, Ordering::Relaxed);
+                // Under the free-list lock: every increase of `mapped` is made here, so the
+                // check holds (a concurrent decrease only leaves more room).
+                self.mapped.fetch_add(len, Ordering::Relaxed);
                 self.peak.fetch_max(m + len, Ordering::Relaxed);
                 return true;
             }
@@ -361,11 +357,16 @@ impl BufferPool {
         }
     }
 
-    fn put(&self, map: MmapMut, slot: Option<u16>) {
+    /// Takes a buffer back. Its bytes leave `in_flight` under the free-list lock, with the
+    /// buffer back in a list: a writer that saw nothing in flight there also sees the buffer.
+    fn put(&self, map: MmapMut, slot: Option<u16>, in_flight: bool) {
         let len = map.len();
         let wakers = {
             let mut free = self.free.lock();
             self.out.fetch_sub(len, Ordering::Relaxed);
+            if in_flight {
+                self.in_flight.fetch_sub(len, Ordering::Relaxed);
+            }
             match slot {
                 Some(s) => free.slotted.push((map, s)),
                 None => {
