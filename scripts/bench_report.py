@@ -494,6 +494,23 @@ def scale_section_md(sc):
 SECTIONS.append(("scale", "Scale: 10,000 concurrent open spills", scale_section_md))
 
 
+def writers_section_md(d):
+    """REPORT.md lines of the many-writers bench (benches/benches/writers.rs, writers.json); its
+    goal rows are in GOALS."""
+    rows = []
+    for m in ("buffered", "direct"):
+        md = d["modes"][m]
+        rows.append((m, f"{f(md['peak_rss_delta_bytes_median'] / 2**20, 1)} MiB",
+                     f"{f(md['rss_bytes_per_writer_median'] / 2**20, 2)} MiB",
+                     f"{f(md['peak_disk_bytes_median'] / 2**20, 0)} MiB",
+                     f"{f(md['written_bytes'] / 2**20, 0)} MiB", len(md["peak_rss_delta_bytes"])))
+    return [d["what"] + ".", "",
+            table(["mode", "peak RSS delta", "per writer", "peak disk held", "written", "runs"], rows), ""]
+
+
+SECTIONS.append(("writers", "Many writers of one task: memory and disk", writers_section_md))
+
+
 def verdict(g, v):
     """(text, met) for goal `g` at measured value `v`: the one place a figure is judged."""
     if v is None:

@@ -64,7 +64,7 @@ impl SpillWriter {
             ready_ok!(self.poll_slot(wait));
             if let Some(seg) = self.seg.as_ref() {
                 let end = seg.logical + need;
-                ready_ok!(self.poll_allocated(end, wait));
+                ready_ok!(self.poll_allocated(end, false, wait));
             }
             let file = match self.segment_file() {
                 Ok(f) => f,
@@ -299,17 +299,19 @@ impl SpillWriter {
     /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
     /// zero-fills it to the alignment.
     pub(super) fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
-        self.flush_staging_with(wait, pad, false)
+        self.flush_staging_with(wait, pad, false, false)
     }
 
     /// [`SpillWriter::flush_staging`]; with `inline`, when nothing of this writer is in
     /// flight, the write runs on the calling thread (the last write of a blocking `finish`,
-    /// which waits for it anyway: two thread hand-offs saved).
+    /// which waits for it anyway: two thread hand-offs saved). `sealing`: the segment's last write
+    /// (its allocation grows only to this write's end).
     fn flush_staging_with(
         &mut self,
         wait: &mut Wait<'_, '_>,
         pad: bool,
         inline: bool,
+        sealing: bool,
     ) -> Poll<Result<()>> {
         if self.staging.as_ref().is_none_or(|b| b.len == 0) {
             return Poll::Ready(Ok(()));
@@ -323,7 +325,7 @@ impl SpillWriter {
                 b.len
             };
             let end = seg.staged_at + len as u64;
-            ready_ok!(self.poll_allocated(end, wait));
+            ready_ok!(self.poll_allocated(end, sealing, wait));
         }
         let file = match self.segment_file() {
             Ok(f) => f,
@@ -373,7 +375,7 @@ impl SpillWriter {
         }
         let direct = self.direct;
         let inline = last && matches!(wait, Wait::Block);
-        ready_ok!(self.flush_staging_with(wait, direct, inline));
+        ready_ok!(self.flush_staging_with(wait, direct, inline, true));
         if let Some(seg) = self.seg.take() {
             let mut f = self.shared.files.lock();
             if let Some(e) = f.entries.get_mut(seg.entry_index) {

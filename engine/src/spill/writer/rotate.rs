@@ -584,7 +584,14 @@ impl SpillWriter {
     /// writer allocates on its own thread; an async one on the offload pool (the `_async`
     /// rule), `Pending` until it is done. A failed step fails the write (`StorageFull` on
     /// ENOSPC).
-    pub(super) fn poll_allocated(&mut self, end: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+    ///
+    /// `last` (the segment's last write, at a seal): only up to `end`, since nothing follows.
+    pub(super) fn poll_allocated(
+        &mut self,
+        end: u64,
+        last: bool,
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
         let (direct, prealloc) = (self.direct, self.core.cfg.preallocate);
         let Some(seg) = self.seg.as_ref() else {
             return Poll::Ready(Ok(()));
@@ -592,7 +599,11 @@ impl SpillWriter {
         if seg.allocated == 0 || end <= seg.allocated {
             return Poll::Ready(Ok(()));
         }
-        let target = next_step(seg.allocated, end, seg.reserved);
+        let target = if last {
+            end.next_multiple_of(DIRECT_ALIGN as u64)
+        } else {
+            next_step(seg.allocated, end, seg.reserved)
+        };
         let file = match self.segment_file() {
             Ok(f) => f,
             Err(e) => return Poll::Ready(Err(e)),
