@@ -265,9 +265,9 @@ impl EngineConfig {
     /// waits asynchronously); when none is in flight (every buffer is held by an open writer,
     /// e.g. one thread writing round-robin to thousands of writers), the write fails with
     /// [`SpillError::BufferBudgetExhausted`] rather than wait forever. The registered buffers
-    /// (`registered_buffers`) are full-size buffers inside this bound. Default 128 MiB
-    /// ([`DEFAULT_MAX_BUFFER_MEMORY`]): 64 writers at full buffer size, or about 30,000 idle
-    /// writers at 4 KiB. Bounds: `io_buffer_size..=1 TiB`.
+    /// (`registered_buffers`) are full-size buffers inside this bound. Default 128 MiB:
+    /// full-size buffers (1 MiB) for 64 writers, then some 16,000 more writers at 4 KiB.
+    /// Bounds: `io_buffer_size..=1 TiB`.
     pub fn max_buffer_memory(mut self, bytes: usize) -> Self {
         self.max_buffer_memory = bytes;
         self
