@@ -68,7 +68,7 @@ fn ledger_full_refuses_the_next_rotation_and_reopens(b: BackendKind) {
     task.close();
     let m = assert_clean(&engine, dir.path());
     assert_eq!(m.tickets_high_water, 2);
-    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
+    assert_fds_back_to(fds);
 }
 
 fn a_record_larger_than_a_segment_gets_a_segment_of_its_own(b: BackendKind) {
