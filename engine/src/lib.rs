@@ -81,5 +81,5 @@ pub use format::segment;
 pub use metrics::Metrics;
 pub use spill::reader::SpillReader;
 pub use spill::state::SpilledState;
-pub use spill::task::TaskSpill;
+pub use spill::task::{SpillUsage, TaskSpill};
 pub use spill::writer::{RecordSlot, SpillWriter};

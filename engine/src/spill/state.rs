@@ -43,9 +43,13 @@ impl SpilledState {
         task: Arc<TaskShared>,
         lane: usize,
         entries: Vec<SegmentEntry>,
+        (records, payload): (u64, u64),
         register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
     ) -> Result<Self> {
-        let inner = Arc::new(StateInner::new(task, lane, entries));
+        let mut inner = StateInner::new(task, lane, entries);
+        inner.records = records;
+        inner.payload = payload;
+        let inner = Arc::new(inner);
         // Until the id is stored, a release would unregister id 0, which is never used; the
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
@@ -87,6 +91,18 @@ impl SpilledState {
     /// Bytes in the segment files (headers and framing included, padding excluded).
     pub fn bytes(&self) -> u64 {
         self.inner().bytes
+    }
+
+    /// Records in the state (what its writer accepted).
+    pub fn records(&self) -> u64 {
+        self.inner().records
+    }
+
+    /// Payload bytes of those records: what the writer's [`crate::SpillWriter::bytes_written`]
+    /// said at `finish` (framing and segment headers excluded; [`SpilledState::bytes`] counts
+    /// the files).
+    pub fn bytes_written(&self) -> u64 {
+        self.inner().payload
     }
 
     /// True once the scope closed the state (its files are deleted).
