@@ -223,6 +223,33 @@ impl Drop for CloseOnDrop {
 /// A task's spill scope. Cheap to clone: clones share the scope, which closes when `close` or
 /// `cancel` is called on any of them, or when the last one is dropped. `Send + Sync`, so an
 /// executor can cancel from another thread than the one writing.
+///
+/// `cancel` never blocks: it sets flags and queues deletes. Call it from outside the pool
+/// whose threads run the task's writers: a cancel queued as a job on a pool whose threads all
+/// wait (for example a rayon pool of blocked writers) never runs. After a cancel, every call
+/// on the scope, its writers, states and readers returns [`crate::SpillError::Aborted`].
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig, SpillError};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-task-{}", std::process::id()));
+/// let engine = Engine::open(EngineConfig::new(&root))?;
+/// let task = engine.task("query-7")?;
+/// let canceller = task.clone();
+/// let worker = std::thread::spawn(move || -> spillring::Result<()> {
+///     let mut w = task.writer()?;
+///     loop {
+///         w.write(Bytes::from(vec![7u8; 4096]))?; // Aborted once cancelled
+///     }
+/// });
+/// std::thread::sleep(std::time::Duration::from_millis(20));
+/// canceller.cancel(); // from another thread; never blocks
+/// assert!(matches!(worker.join().unwrap(), Err(SpillError::Aborted)));
+/// assert_eq!(canceller.usage().files, 0);
+/// # drop((canceller, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct TaskSpill {
     shared: Arc<TaskShared>,

@@ -68,6 +68,30 @@ enum Life {
 /// Stage 1 of a spill: writes records into rotating segment files. See the module docs.
 ///
 /// Any error deletes everything the writer created; dropping an unfinished writer does too.
+/// The exceptions are the refusals that leave it usable (`LedgerFull`, `QuotaExceeded`,
+/// `WriterCannotFit`, `TooManyOpenFiles`, `RecordTooLarge`), and a cancel of its scope
+/// (`Aborted`, from then on on every call).
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-writer-{}", std::process::id()));
+/// # let engine = Engine::open(EngineConfig::new(&root))?;
+/// let task = engine.task("t")?;
+/// let mut w = task.writer()?;
+/// w.write(Bytes::from(vec![1u8; 1000]))?; // an owned buffer: no copy for large records
+/// w.write_slice(b"borrowed bytes")?; // copied once into the staging buffer
+/// let mut slot = w.record(8)?; // serialise in place
+/// slot.copy_from_slice(&42u64.to_le_bytes());
+/// slot.commit()?;
+/// w.write_all(["a", "b", "c"])?; // any iterator of Into<Bytes>
+/// assert_eq!((w.records(), w.bytes_written()), (6, 1000 + 14 + 8 + 3));
+/// let state = w.finish()?;
+/// assert_eq!(state.records(), 6);
+/// # drop((state, task, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 pub struct SpillWriter {
     task: Arc<TaskShared>,
     core: Arc<Core>,
