@@ -85,9 +85,7 @@ impl EngineInner {
             }
         }
         // And the roots the open created, when empty.
-        for created in core.store.roots.created() {
-            proc::remove_created(created);
-        }
+        proc::remove_created(core.store.roots.created());
         // The final closes of deleted files free their blocks: wait for them within the
         // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
         let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
@@ -268,9 +266,7 @@ impl Engine {
                 for pd in core.store.roots.proc_dirs() {
                     let _ = std::fs::remove_dir(&pd.path);
                 }
-                for c in core.store.roots.created() {
-                    proc::remove_created(c);
-                }
+                proc::remove_created(core.store.roots.created());
                 return Err(thread_err(e));
             }
         };
@@ -410,9 +406,7 @@ impl OpenedRoots {
         for pd in &self.proc_dirs {
             let _ = std::fs::remove_dir(&pd.path);
         }
-        for c in &self.created {
-            proc::remove_created(c);
-        }
+        proc::remove_created(self.created.iter().flatten());
     }
 }
 
@@ -434,7 +428,7 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
             match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
                 Ok(pd) => Ok((pd, created)),
                 Err(e) => {
-                    proc::remove_created(&created);
+                    proc::remove_created(created.iter());
                     Err(e)
                 }
             }

@@ -199,6 +199,14 @@ fn a_missing_root_is_created_with_its_parents_and_removed_at_shutdown(b: Backend
     assert_eq!(std::fs::read(root.join("mine.txt")).unwrap(), b"keep");
     assert_eq!(files_under(base.path()), vec![root.join("mine.txt")]);
     assert_eq!(dirs_under(&root), Vec::<std::path::PathBuf>::new());
+    // Two missing roots, one inside the other: everything created goes, inner first.
+    let base = tempfile::tempdir().unwrap();
+    let outer = base.path().join("r0");
+    let engine = Engine::open(cfg(&outer, b).add_root(outer.join("deep/er"))).unwrap();
+    assert_eq!(engine.process_dirs().len(), 2);
+    write_and_check(&engine, "nested", 300, 1000);
+    drop(engine);
+    assert_eq!(dirs_under(base.path()), Vec::<std::path::PathBuf>::new());
 }
 
 /// Decided: a root that exists and is not a directory is a configuration error: a typed

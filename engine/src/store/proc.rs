@@ -70,7 +70,7 @@ pub(crate) fn prepare_root(root: &Path) -> Result<Vec<PathBuf>> {
             // Made meanwhile by someone else, or an alias (`a/..`) of one just made.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
             Err(e) => {
-                remove_created(&created);
+                remove_created(created.iter());
                 return Err(SpillError::io("create root", d, e));
             }
         }
@@ -82,15 +82,12 @@ pub(crate) fn prepare_root(root: &Path) -> Result<Vec<PathBuf>> {
     Ok(created)
 }
 
-/// Removes directories [`prepare_root`] created (given top first), deepest first, each only
-/// if it is empty.
-pub(crate) fn remove_created(created: &[PathBuf]) {
-    for d in created.iter().rev() {
-        if std::fs::remove_dir(d).is_err() {
-            // Not empty (another engine's directory, or the user's files): keep it and what
-            // is above it.
-            break;
-        }
+/// Removes directories [`prepare_root`] created (given in creation order: for several roots,
+/// their lists one after the other), last created first, each only if it is empty (one
+/// holding another engine's directory or the caller's files stays, and so do its parents).
+pub(crate) fn remove_created<'a>(created: impl DoubleEndedIterator<Item = &'a PathBuf>) {
+    for d in created.rev() {
+        let _ = std::fs::remove_dir(d);
     }
 }
 

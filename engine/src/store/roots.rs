@@ -59,9 +59,10 @@ impl Roots {
         }
     }
 
-    /// Directories the open created for missing roots (top first, per root).
-    pub(crate) fn created(&self) -> &[Vec<PathBuf>] {
-        &self.created
+    /// Directories the open created for missing roots, in creation order (a root created
+    /// inside another one comes after it).
+    pub(crate) fn created(&self) -> impl DoubleEndedIterator<Item = &PathBuf> {
+        self.created.iter().flatten()
     }
 
     /// This engine's process directories, one per root.
