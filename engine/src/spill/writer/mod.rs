@@ -242,7 +242,8 @@ impl SpillWriter {
     /// blocks only while the in-flight budget is full), and stops at the first error, which
     /// it returns. [`SpillWriter::records`] then says how many went in: with an error that
     /// leaves the writer usable (`LedgerFull`, `QuotaExceeded`, `TooManyOpenFiles`,
-    /// `RecordTooLarge`) the caller can retry from that record.
+    /// `RecordTooLarge`) the caller can retry from that record; after `WriterCannotFit` it
+    /// can `finish` what went in.
     ///
     /// ```no_run
     /// # fn f(task: &spillring::TaskSpill) -> spillring::Result<()> {
