@@ -434,7 +434,12 @@ fuzz_target!(|case: Case| {
                 "open failed although every root can be a directory: {err}; {model:?}"
             );
             assert!(
-                matches!(err, SpillError::Io { .. } | SpillError::InvalidConfig(_)),
+                matches!(
+                    err,
+                    SpillError::Io { .. }
+                        | SpillError::InvalidConfig(_)
+                        | SpillError::RootNotADirectory { .. }
+                ),
                 "unexpected error kind: {err:?}"
             );
         }

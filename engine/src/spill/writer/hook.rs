@@ -164,6 +164,24 @@ impl OpSink for WriterShared {
 }
 
 impl Member for WriterShared {
+    fn usage(&self) -> crate::spill::task::SpillUsage {
+        let l = self.files.lock();
+        // An open segment's length is set when it is sealed: until then it counts what its
+        // ticket holds (its allocation, or the reservation of a whole segment).
+        let bytes = l
+            .entries
+            .iter()
+            .map(|e| {
+                if e.len > 0 {
+                    e.len.max(e.allocated)
+                } else {
+                    e.reserved()
+                }
+            })
+            .sum();
+        crate::spill::task::SpillUsage::of_writer(l.entries.len() as u64, bytes)
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.abort() else {
             return;
