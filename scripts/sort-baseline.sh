@@ -120,7 +120,7 @@ Written by `{out['command']}` at commit `{commit}`{' (with uncommitted changes)'
 Machine: {os.cpu_count()} vCPUs ({cpu}), kernel {platform.release()}, files on `{fs}` (a shared
 virtio disk whose throughput swings between runs: compare within a round).
 
-Input: {size // 100:,} records of 100 bytes ({size / 1048576:.0} MiB), `gensort -a` layout from a
+Input: {size // 100:,} records of 100 bytes ({size / 1048576:.0f} MiB), `gensort -a` layout from a
 seeded SplitMix64 (`spillring-sort --generate`); budget {budget}. The three outputs were
 byte-identical in every round (`cmp`; sha256 prefix `{sha}`). Each round runs the three in a
 rotating order; nothing calls fsync, and the input stays in the page cache.

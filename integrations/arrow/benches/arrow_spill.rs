@@ -48,6 +48,8 @@ use spillring::{Bytes, Engine, EngineConfig};
 use spillring_arrow::{ArrowSpillWriter, BufferCount, count_buffers_outside};
 
 const BATCH_ROWS: usize = 8_192;
+const DEFAULT_JSON: &str = "results/arrow.json";
+const DEFAULT_REPORT: &str = "results/ARROW.md";
 const SEED: u64 = 20261201;
 /// Days from 1970-01-01 to 1992-01-01 (the spec's STARTDATE).
 const START_DATE: i32 = 8035;
@@ -252,8 +254,8 @@ fn args() -> Args {
         quick: false,
         mib: 256,
         pairs: 5,
-        json: PathBuf::from("results/arrow.json"),
-        report: PathBuf::from("results/ARROW.md"),
+        json: PathBuf::from(DEFAULT_JSON),
+        report: PathBuf::from(DEFAULT_REPORT),
     };
     let mut it = std::env::args().skip(1);
     let mut mib = None;
@@ -499,11 +501,18 @@ fn main() {
         "filesystem": fs.lines().last().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" "),
         "backend": m.backend,
     });
-    let command = format!(
-        "cargo bench -p spillring-arrow --bench arrow_spill --{}{}",
+    let mut command = format!(
+        "cargo bench -p spillring-arrow --bench arrow_spill --{} --mib {} --pairs {}",
         if a.quick { " --quick" } else { "" },
-        format_args!(" --mib {} --pairs {}", a.mib, a.pairs)
+        a.mib,
+        a.pairs
     );
+    if a.json != Path::new(DEFAULT_JSON) {
+        command += &format!(" --json {}", a.json.display());
+    }
+    if a.report != Path::new(DEFAULT_REPORT) {
+        command += &format!(" --report {}", a.report.display());
+    }
     let out = json!({
         "bench": "arrow_spill",
         "command": command,

@@ -70,9 +70,13 @@ fn main() -> std::io::Result<()> {
             }
         }
     });
+    // extsort deletes its segment files only in a temp directory it made itself (under the
+    // system temp dir); given a directory, it leaves them. A temp directory of our own on the
+    // same disk, deleted at the end, gives the same cleanup as its default.
+    let tmp = tempfile::TempDir::new_in(&cli.tmp)?;
     let sorter = ExternalSorter::new()
         .with_segment_size((cli.budget / RECORD).max(1))
-        .with_sort_dir(cli.tmp.clone());
+        .with_sort_dir(tmp.path().to_path_buf());
     let sorted = sorter.sort(records)?;
     if let Some(e) = read_err.borrow_mut().take() {
         return Err(e);
@@ -81,5 +85,6 @@ fn main() -> std::io::Result<()> {
     for r in sorted {
         out.write_all(&r?.0)?;
     }
-    out.flush()
+    out.flush()?;
+    tmp.close()
 }
