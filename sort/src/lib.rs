@@ -2,12 +2,14 @@
 //! Benchmark's `gensort -a` layout), sorted runs spilled through the engine, then a k-way merge
 //! over one [`spillring::SpillReader`] per run, all open at once, into the output file.
 //!
-//! Memory: two run buffers of half the budget each (one is read and sorted while the other's
-//! writes are in flight; the runs go to the engine as `Bytes` slices of the buffer, so the
-//! engine writes them without a copy), then in the merge one segment per run in memory at a
-//! time, the segment size picked so that all runs together hold at most half the budget.
-//! The rest is the engine's own buffers (staging buffers, `io_buffer_size` each) and the output
-//! writer's buffer.
+//! Memory: one run buffer and its sort index (16 bytes per record: the key's first 8 bytes and
+//! the record's position) within the budget. A run is sorted by its index (no 100-byte record
+//! moves), then gathered in order straight into the engine's staging buffers through
+//! `SpillWriter::record` slots, so the run buffer is free for the next run as soon as the
+//! gather ends while the engine writes behind. In the merge, one segment per run is in memory
+//! at a time, the segment size picked so that all runs together hold at most half the budget.
+//! Outside the budget: the engine's staging buffers (`io_buffer_size` each, `queue_depth` of
+//! them in flight) and the output writer's 4 MiB buffer.
 //!
 //! Records are printable ASCII lines ending in `\r\n` (as `gensort -a` makes them), so a file
 //! of records is its own text rendering: `LC_ALL=C sort` sorts the same bytes, and comparing
@@ -20,9 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
-use spillring::{EngineConfig, SpillError, SpillReader, SpillWriter, SpilledState, TaskSpill};
+use spillring::{EngineConfig, SpillError, SpillReader, SpilledState, TaskSpill};
 
 /// Bytes of a record.
 pub const RECORD: usize = 100;
@@ -92,6 +94,9 @@ impl SortError {
 /// Result alias of the sort.
 pub type Result<T, E = SortError> = std::result::Result<T, E>;
 
+/// Bytes of a run's sort index per record.
+pub const INDEX_ENTRY: usize = std::mem::size_of::<(u64, u32)>();
+
 /// The smallest budget: two runs of at least 64 KiB.
 pub const MIN_BUDGET: usize = 2 * MIN_SEGMENT;
 
@@ -117,13 +122,14 @@ impl Plan {
                 min: MIN_BUDGET,
             });
         }
-        let run_bytes = (budget / 2) / RECORD * RECORD;
+        // A run and its index: RECORD + INDEX_ENTRY bytes per record.
+        let run_bytes = (budget / (RECORD + INDEX_ENTRY)).min(u32::MAX as usize) * RECORD;
         let runs = usize::try_from(input_len.div_ceil(run_bytes as u64))
             .unwrap_or(usize::MAX)
             .max(1);
         let segment_size = ((budget / 2) / runs / 4096 * 4096).clamp(MIN_SEGMENT, MAX_SEGMENT);
-        // An engine record fits a segment with its header and frame, and is at most ~1 MB.
-        let chunk = ((segment_size - 4096).min(1_000_000) / RECORD * RECORD).max(RECORD);
+        // An engine record fits a staging buffer (the segment size up to 1 MiB) with its frame.
+        let chunk = ((segment_size.min(1 << 20) - 4096) / RECORD * RECORD).max(RECORD);
         Ok(Plan {
             run_bytes,
             runs,
@@ -135,16 +141,14 @@ impl Plan {
     /// The engine configuration for this plan on `spill_dir`: segments of the plan's size, each
     /// read back with one `pread` into a buffer of its own (so the merge's memory is bounded
     /// and counted, not mapped pages), the segment pool off (the runs are deleted as soon as
-    /// the merge is done with them), and a queue deep enough that a whole run's writes are in
-    /// flight while the next run is read and sorted.
+    /// the merge is done with them), and staging buffers that hold a whole chunk, so each
+    /// chunk is gathered in place.
     pub fn engine_config(&self, spill_dir: &Path) -> EngineConfig {
         let io_buffer = self.segment_size.min(1 << 20);
-        let in_flight = (self.run_bytes / self.chunk + 1).clamp(8, 1024);
         EngineConfig::new(spill_dir)
             .segment_size(self.segment_size as u64)
             .io_buffer_size(io_buffer)
             .read_buffer_max(self.segment_size)
-            .queue_depth(in_flight)
             .pool_max_segments(0)
     }
 }
@@ -322,52 +326,51 @@ fn sort_inner(
         ..SortReport::default()
     };
 
-    // Phase 1: runs. Two buffers: one is read and sorted while the other's run is written.
+    // Phase 1: runs. Read a run, sort its index, gather it into the engine's staging buffers.
     let t0 = Instant::now();
     let pb = bar(opts.progress, len, "runs");
-    let mut free: Vec<BytesMut> = Vec::with_capacity(2);
-    let mut pending: Option<(SpillWriter, Bytes)> = None;
+    let mut buf = vec![0u8; plan.run_bytes];
+    let mut index: Vec<(u64, u32)> = Vec::with_capacity(plan.run_bytes / RECORD);
     let mut states: Vec<SpilledState> = Vec::with_capacity(plan.runs);
     loop {
         if cancel.load(Ordering::Acquire) {
             return Err(SortError::Cancelled);
         }
-        let mut buf = free
-            .pop()
-            .unwrap_or_else(|| BytesMut::with_capacity(plan.run_bytes));
-        buf.resize(plan.run_bytes, 0);
         let n = read_full(&mut f, &mut buf).map_err(|e| SortError::io("read", input, e))?;
-        buf.truncate(n);
-        if n > 0 {
-            let (recs, rest) = buf.as_chunks_mut::<RECORD>();
-            debug_assert!(rest.is_empty());
-            recs.sort_unstable();
-        }
-        // The previous run's writes overlapped the read and sort above.
-        if let Some((w, run)) = pending.take() {
-            report.segments += w.segments();
-            states.push(w.finish().map_err(|e| spill_err(cancel, e))?);
-            if let Ok(b) = run.try_into_mut() {
-                free.push(b);
-            }
-        }
         if n == 0 {
             break;
         }
-        let run = buf.freeze();
-        let mut w = task.writer().map_err(|e| spill_err(cancel, e))?;
-        let mut at = 0;
-        while at < n {
-            let end = (at + plan.chunk).min(n);
-            w.write(run.slice(at..end))
-                .map_err(|e| spill_err(cancel, e))?;
-            at = end;
+        if !n.is_multiple_of(RECORD) {
+            // The file changed under the sort (its length was checked above).
+            return Err(SortError::BadInput {
+                path: input.clone(),
+                len: report.spilled + n as u64,
+            });
         }
+        let (recs, _) = buf[..n].as_chunks::<RECORD>();
+        index.clear();
+        index.extend(recs.iter().enumerate().map(|(i, r)| (prefix(r), i as u32)));
+        index.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| recs[a.1 as usize].cmp(&recs[b.1 as usize]))
+        });
+        let mut w = task.writer().map_err(|e| spill_err(cancel, e))?;
+        let per_chunk = plan.chunk / RECORD;
+        for part in index.chunks(per_chunk) {
+            let mut slot = w
+                .record(part.len() * RECORD)
+                .map_err(|e| spill_err(cancel, e))?;
+            for (dst, &(_, i)) in slot.chunks_exact_mut(RECORD).zip(part) {
+                dst.copy_from_slice(&recs[i as usize]);
+            }
+            slot.commit().map_err(|e| spill_err(cancel, e))?;
+        }
+        report.segments += w.segments();
+        states.push(w.finish().map_err(|e| spill_err(cancel, e))?);
         report.spilled += n as u64;
         pb.inc(n as u64);
-        pending = Some((w, run));
     }
-    drop(free);
+    drop((buf, index));
     pb.finish_and_clear();
     report.runs = states.len();
     report.run_phase = t0.elapsed();
@@ -439,6 +442,13 @@ impl Cursor {
     fn head(&self) -> &[u8] {
         &self.chunk[self.off..self.off + RECORD]
     }
+}
+
+/// A record's first 8 bytes as a number that orders like the bytes.
+fn prefix(r: &[u8]) -> u64 {
+    let mut k = [0u8; 8];
+    k.copy_from_slice(&r[..8]);
+    u64::from_be_bytes(k)
 }
 
 fn next_chunk(r: &mut SpillReader, cancel: &AtomicBool) -> Result<Option<Bytes>> {
@@ -566,10 +576,14 @@ mod tests {
             (0, MIN_BUDGET),
         ] {
             let p = Plan::new(len, budget).expect("plan");
-            assert!(2 * p.run_bytes <= budget);
+            assert!(p.run_bytes + p.run_bytes / RECORD * INDEX_ENTRY <= budget);
             assert!(p.runs as u64 * p.run_bytes as u64 >= len);
             assert_eq!(p.segment_size % 4096, 0);
             assert!(p.chunk.is_multiple_of(RECORD) && p.chunk + 4096 <= p.segment_size);
+            assert!(
+                p.chunk + 8 <= p.segment_size.min(1 << 20),
+                "a chunk fits a staging buffer"
+            );
             assert!(
                 p.runs * p.segment_size <= budget / 2 || p.segment_size == MIN_SEGMENT,
                 "{p:?}"

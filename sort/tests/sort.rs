@@ -46,7 +46,7 @@ fn sorts_an_input_larger_than_its_budget_and_leaves_nothing() {
     std::fs::create_dir(&spill).expect("spill dir");
     generate(&input, 30_000, 42).expect("generate");
     let len = std::fs::metadata(&input).expect("stat").len();
-    let plan = Plan::new(len, 512 << 10).expect("plan");
+    let plan = Plan::new(len, 256 << 10).expect("plan");
     assert!(plan.runs >= 10, "many runs: {plan:?}");
     let engine = Engine::open(plan.engine_config(&spill)).expect("open");
     let task = engine.task("sort").expect("task");
