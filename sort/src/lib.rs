@@ -389,10 +389,12 @@ fn sort_inner(
     for s in &states {
         let mut r = s.reader().map_err(|e| spill_err(cancel, e))?;
         if let Some(c) = next_chunk(&mut r, cancel)? {
+            let key = prefix(&c);
             runs.push(Cursor {
                 reader: r,
                 chunk: c,
                 off: 0,
+                key,
             });
         }
     }
@@ -407,9 +409,12 @@ fn sort_inner(
             .map_err(|e| SortError::io("write", out, e))?;
         written += RECORD as u64;
         c.off += RECORD;
-        if c.off == c.chunk.len() {
+        if c.off < c.chunk.len() {
+            c.key = prefix(&c.chunk[c.off..]);
+        } else {
             match next_chunk(&mut c.reader, cancel)? {
                 Some(next) => {
+                    c.key = prefix(&next);
                     c.chunk = next;
                     c.off = 0;
                 }
@@ -436,6 +441,8 @@ struct Cursor {
     reader: SpillReader,
     chunk: Bytes,
     off: usize,
+    /// The head record's first 8 bytes ([`prefix`]): most comparisons end there.
+    key: u64,
 }
 
 impl Cursor {
@@ -477,7 +484,11 @@ impl Heap {
     }
 
     fn less(runs: &[Cursor], a: usize, b: usize) -> bool {
-        (runs[a].head(), a) < (runs[b].head(), b)
+        let (x, y) = (&runs[a], &runs[b]);
+        match x.key.cmp(&y.key) {
+            std::cmp::Ordering::Equal => (x.head(), a) < (y.head(), b),
+            o => o.is_lt(),
+        }
     }
 
     fn top(&self) -> Option<usize> {
