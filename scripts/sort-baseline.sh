@@ -82,7 +82,7 @@ done
 SHA=$(sha256sum "$DIR/out.spillring" | cut -c1-16)
 
 COMMIT=$(git rev-parse --short HEAD)
-DIRTY=$(git status --porcelain --untracked-files=no | head -1)
+DIRTY=$(git status --porcelain --untracked-files=no -- . ':!results' | head -1)
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 FS=$(df --output=source,fstype "$DIR" | tail -1 | tr -s ' ')
 python3 - "$RUNS" "$MIB" "$BUDGET" "$ROUNDS" "$COMMIT" "$DIRTY" "$CPU" "$FS" "$SHA" "$*" <<'PY'

@@ -480,7 +480,19 @@ fn main() {
     }
     let m = engine.metrics();
     let commit = sh("git", &["rev-parse", "--short", "HEAD"]);
-    let dirty = !sh("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    // Changes outside results/ (which this bench and others rewrite).
+    let dirty = !sh(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!results",
+        ],
+    )
+    .is_empty();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

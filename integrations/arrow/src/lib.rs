@@ -1,4 +1,4 @@
-//! Spill Arrow [`RecordBatch`]es through [spillring](spillring): each batch is encoded with
+//! Spill Arrow [`RecordBatch`]es through [spillring]: each batch is encoded with
 //! `arrow-ipc` into the engine's staging buffer and read back with its column buffers pointing
 //! into the engine's record `Bytes` (no copy of a buffer body).
 //!
