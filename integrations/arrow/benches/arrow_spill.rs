@@ -25,7 +25,9 @@
 //!
 //! `cargo bench -p spillring-arrow --bench arrow_spill -- [--quick] [--mib N] [--pairs N]
 //! [--json PATH] [--report PATH]`; `SPILLRING_BENCH_ROOT` picks the directory (default: the
-//! system temp directory). `--quick` is 64 MiB and 3 pairs.
+//! system temp directory). `--quick` is 64 MiB and 3 pairs. `--io-buffer-mib N` sets the
+//! engine's `io_buffer_size` (a lineitem batch is ~1.4 MB: above the default 1 MiB, a batch
+//! goes through an owned buffer instead of the staging buffer).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
@@ -243,6 +245,8 @@ impl Gen {
 
 struct Args {
     quick: bool,
+    /// The engine's `io_buffer_size` in MiB (default: the engine's default, 1 MiB).
+    io_buffer_mib: Option<usize>,
     mib: usize,
     pairs: usize,
     json: PathBuf,
@@ -252,6 +256,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         quick: false,
+        io_buffer_mib: None,
         mib: 256,
         pairs: 5,
         json: PathBuf::from(DEFAULT_JSON),
@@ -265,6 +270,7 @@ fn args() -> Args {
             "--quick" => a.quick = true,
             "--mib" => mib = it.next().and_then(|v| v.parse().ok()),
             "--pairs" => pairs = it.next().and_then(|v| v.parse().ok()),
+            "--io-buffer-mib" => a.io_buffer_mib = it.next().and_then(|v| v.parse().ok()),
             "--json" => a.json = it.next().map(PathBuf::from).expect("--json PATH"),
             "--report" => a.report = it.next().map(PathBuf::from).expect("--report PATH"),
             // cargo bench passes --bench; ignore what is not ours.
@@ -414,7 +420,11 @@ fn main() {
     let base_root = dir.path().join("baseline");
     std::fs::create_dir_all(&engine_root).expect("engine root");
     std::fs::create_dir_all(&base_root).expect("baseline root");
-    let engine = Engine::open(EngineConfig::new(&engine_root)).expect("open engine");
+    let mut cfg = EngineConfig::new(&engine_root);
+    if let Some(m) = a.io_buffer_mib {
+        cfg = cfg.io_buffer_size(m << 20);
+    }
+    let engine = Engine::open(cfg).expect("open engine");
 
     // Correctness once, untimed: the engine reads back exactly what was written.
     {
@@ -519,6 +529,9 @@ fn main() {
         a.mib,
         a.pairs
     );
+    if let Some(m) = a.io_buffer_mib {
+        command += &format!(" --io-buffer-mib {m}");
+    }
     if a.json != Path::new(DEFAULT_JSON) {
         command += &format!(" --json {}", a.json.display());
     }
@@ -533,6 +546,7 @@ fn main() {
         "machine": machine,
         "table": {"batches": batches.len(), "rows": rows, "batch_rows": BATCH_ROWS, "arrow_bytes": mem, "seed": SEED},
         "pairs": a.pairs,
+        "engine_io_buffer_size": a.io_buffer_mib.map_or(1 << 20, |m| m << 20),
         "ratio_total_baseline_over_engine": stats(&ratio_total),
         "ratio_write": stats(&ratio_write),
         "ratio_read": stats(&ratio_read),
@@ -575,7 +589,7 @@ fn main() {
          The disk is a shared virtio disk whose throughput swings between runs: only the ratios of \
          interleaved pairs mean anything.\n\n\
          Table: TPC-H `lineitem`-like, {nb} batches of {br} rows ({rows} rows), {mib:.1} MiB of Arrow memory \
-         (seed {seed}). Each pair: the engine (default configuration: buffered, 64 MiB segments, segment pool on) \
+         (seed {seed}). Each pair: the engine (default configuration: buffered, 64 MiB segments, segment pool on; `io_buffer_size` {iob} KiB) \
          writes every batch through `ArrowSpillWriter`, finishes, reads every batch back and drops the spill; \
          the baseline writes an IPC stream with `StreamWriter` over a `BufWriter<File>`, reads it with \
          `StreamReader` over a `BufReader<File>` and deletes the file. Order alternates by pair. Neither side \
@@ -604,6 +618,7 @@ fn main() {
         kernel = machine["kernel"].as_str().unwrap_or(""),
         fs = machine["filesystem"].as_str().unwrap_or(""),
         backend = m.backend,
+        iob = a.io_buffer_mib.map_or(1 << 10, |m| m << 10),
         nb = batches.len(),
         br = BATCH_ROWS,
         mib = mem as f64 / (1 << 20) as f64,
