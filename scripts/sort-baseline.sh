@@ -141,10 +141,10 @@ Per round (seconds, peak RSS KiB):
 | round | sorter | s | RSS KiB |
 |---|---|---|---|
 """ + "".join(f"| {r} | {n} | {float(s):.2f} | {rss} |\n" for r, n, s, rss, _ in rows) + """
-spillring-sort's memory: two run buffers of half the budget, then in the merge one segment per
-run (segments are sized so that all runs' segments fit in half the budget) plus a 4 MiB output
-buffer, plus the engine's staging buffers (`io_buffer_size`, here up to 1 MiB each) and the
-binary's own code and heap.
+spillring-sort's memory: one run buffer and its sort index (16 bytes per record) within the
+budget, then in the merge one segment per run (sized so that all runs' segments fit in half the
+budget) plus a 4 MiB output buffer; outside the budget, the engine's staging buffers in flight
+(`queue_depth` × `io_buffer_size`, here 8 × 1 MiB) and the binary's own code and heap.
 """
 open("results/SORT.md", "w").write(md)
 print(md)
