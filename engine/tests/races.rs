@@ -257,7 +257,9 @@ fn shutdown_keeps_its_budget_during_a_large_orphan_sweep() {
         "a 200,000-file sweep cannot finish in 10 ms"
     );
     assert_eq!(report.orphan_sweeps_left, 1, "{report:?}");
+    let old_dirs = engine.process_dirs();
     drop(engine);
+    wait_unlocked(&old_dirs);
     // The next open sweeps what is left.
     let next = open(&root, BackendKind::Psync);
     assert_clean(&next, &root);
