@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Mutation testing of the engine with cargo-mutants (issue 14; results/MUTANTS.md).
+#
+#   scripts/mutants.sh                 the short shard (CI): the pure-logic protocols against
+#                                      their unit tests, a few minutes; fails on a missed mutant
+#   scripts/mutants.sh --full          every module below, each against the test files that
+#                                      exercise it (about 1.5 h on 2 vCPUs)
+#   scripts/mutants.sh MODULE...       only those modules (names as in the table below)
+#   options: --out DIR (default results/mutants), --jobs N (default 1), --list (the mutants,
+#            no build)
+#
+# Each module runs as its own cargo-mutants invocation restricted to its files (`-f`), to its
+# functions where a file is shared (`--re`), and to the tests that exercise it, under `nice`.
+# Mutants in the loom-only test modules (`#[cfg(loom)]`) are left out: a normal build does not
+# compile them. Each run leaves `<out>/<module>.txt` (the summary and the missed, timed-out
+# and unviable mutants) and the whole cargo-mutants output in `<out>/<module>.out/`. Exits 1
+# if any mutant was missed (or timed out), 2 if cargo-mutants could not run.
+#
+# Set CARGO_TARGET_DIR to share a target directory between runs (default: target/mutants).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# name ; cargo-mutants file and function filters (no spaces inside one) ; the test targets.
+# The test targets go to every cargo call (`-C`): each mutant builds only those binaries.
+MODULES=(
+  "ledger;-f engine/src/store/ledger.rs;--lib --test admission"
+  "cleanup;-f engine/src/cleanup/mod.rs -f engine/src/cleanup/worker.rs -f engine/src/cleanup/sweep.rs;--test cleanup --test errors --test crash --test invariants --test mutants_cleanup"
+  "grants;-f engine/src/spill/grant.rs --re Grants|StateInner::(release|acquire|is_aborted|unregister|move_to)|close_by_scope|Grant>::drop|open_error -f engine/src/spill/state.rs --re SpilledState::(register|reader|into_reader|is_aborted)|Clone;--lib --test abort --test ownership --test adopt --test invariants"
+  "abort;-f engine/src/spill/writer/hook.rs --re AbortableFiles|WriterShared|Tracker -f engine/src/spill/writer/rotate.rs --re record_segment|reserve_ticket|delete_now|create_failed_after;--lib --test abort --test errors --test races --test mutants_abort"
+  "queue;-f engine/src/store/queue.rs;--lib --test cleanup --test errors"
+)
+# The short shard CI runs: the protocols that are pure logic, against their unit tests only
+# (one test binary, so a mutant builds and runs in seconds).
+SHARD_MODULES=(
+  "shard-ledger;-f engine/src/store/ledger.rs;--lib"
+  "shard-grants;-f engine/src/spill/grant.rs --re Grants;--lib"
+  "shard-hook;-f engine/src/spill/writer/hook.rs --re AbortableFiles;--lib"
+)
+
+out=results/mutants
+jobs=1
+full=0
+list=0
+want=()
+extra=()
+while (($#)); do
+  case "$1" in
+    --full) full=1 ;;
+    --out) out="$2"; shift ;;
+    --jobs) jobs="$2"; shift ;;
+    --list) list=1 ;;
+    # Re-test only what the last run into --out did not catch (cargo-mutants --iterate).
+    --iterate) extra+=(--iterate) ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1" >&2; exit 2 ;;
+    *) want+=("$1") ;;
+  esac
+  shift
+done
+
+if ! cargo mutants --version >/dev/null 2>&1; then
+  echo "cargo-mutants is not installed: cargo install --locked cargo-mutants" >&2
+  exit 2
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/mutants}"
+
+rows=()
+if ((${#want[@]})); then
+  for w in "${want[@]}"; do
+    found=0
+    for m in "${MODULES[@]}" "${SHARD_MODULES[@]}"; do
+      [[ "${m%%;*}" == "$w" ]] && rows+=("$m") && found=1
+    done
+    ((found)) || { echo "no module $w" >&2; exit 2; }
+  done
+elif ((full)); then
+  rows=("${MODULES[@]}")
+else
+  rows=("${SHARD_MODULES[@]}")
+fi
+
+mkdir -p "$out"
+status=0
+summary=()
+for m in "${rows[@]}"; do
+  IFS=';' read -r name filters tests <<<"$m"
+  read -ra fargs <<<"$filters"
+  read -ra tlist <<<"$tests"
+  targs=()
+  for t in "${tlist[@]}"; do targs+=("-C=$t"); done
+  if ((list)); then
+    cargo mutants --list "${fargs[@]}" --exclude-re 'loom_tests::'
+    continue
+  fi
+  echo "== $name: cargo mutants ${fargs[*]} ${targs[*]}"
+  start=$(date +%s)
+  rc=0
+  nice -n 10 cargo mutants "${fargs[@]}" --exclude-re 'loom_tests::' "${extra[@]}" \
+    --jobs "$jobs" --timeout 120 --test-tool nextest -o "$out/$name.out" "${targs[@]}" || rc=$?
+  secs=$(($(date +%s) - start))
+  mo="$out/$name.out/mutants.out"
+  count() { if [[ -f "$mo/$1.txt" ]]; then grep -c . "$mo/$1.txt" || true; else echo 0; fi; }
+  line="$name: caught $(count caught), missed $(count missed), unviable $(count unviable), timeout $(count timeout) (${secs} s, cargo-mutants exit $rc)"
+  {
+    echo "$line"
+    echo "command: cargo mutants ${fargs[*]} --exclude-re 'loom_tests::' ${extra[*]} --jobs $jobs --timeout 120 --test-tool nextest ${targs[*]}"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    for k in missed timeout unviable; do
+      [[ -s "$mo/$k.txt" ]] && { echo "$k:"; sed 's/^/  /' "$mo/$k.txt"; }
+    done
+  } >"$out/$name.txt"
+  summary+=("$line")
+  # cargo-mutants exits 2 for a missed mutant, 3 for a timeout, 4 when the baseline fails.
+  case "$rc" in
+    0) ;;
+    2|3) status=1 ;;
+    *) status=2 ;;
+  esac
+done
+
+((list)) && exit 0
+echo
+echo "== summary (details in $out/)"
+printf '%s\n' "${summary[@]}"
+exit "$status"
