@@ -1,0 +1,147 @@
+//! Tests prompted by cargo-mutants on the cleanup layer (`cleanup/mod.rs`, `worker.rs`,
+//! `sweep.rs`): see results/MUTANTS.md. The crash sweep's failure paths (a claimed tree gone
+//! before its sweep, a sweep that fails for real and is retried), on both backends.
+
+#[macro_use]
+mod common;
+use common::*;
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use spillring::{BackendKind, Engine, FaultPlan, FaultPoint};
+
+per_backend!(
+    a_claimed_tree_gone_before_its_sweep_is_done_with,
+    a_sweep_that_fails_is_counted_retried_and_then_done,
+);
+
+const T: Duration = Duration::from_secs(20);
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A dead engine's directory under `root` with one task directory holding `files` segments;
+/// returns the task directory.
+fn dead_engine(root: &Path, files: usize) -> PathBuf {
+    let d = root
+        .join(spillring::proc_dir_name(0xdead_0001))
+        .join("t0-task");
+    std::fs::create_dir_all(&d).unwrap();
+    for i in 0..files {
+        std::fs::write(d.join(format!("spill-segment-{i:06}.bin")), b"x").unwrap();
+    }
+    d
+}
+
+/// The trees claimed into the engine's process directory (its only subdirectories).
+fn claimed(engine: &Engine) -> Vec<PathBuf> {
+    let pd = &engine.process_dirs()[0];
+    std::fs::read_dir(pd)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// The claimed tree disappears before the worker gets to it: the sweep finds it absent and
+/// is done (nothing failed, nothing retried, the engine settles).
+fn a_claimed_tree_gone_before_its_sweep_is_done_with(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    dead_engine(dir.path(), 3);
+    let plan = FaultPlan::new(21);
+    let take = plan.pause_once(FaultPoint::CleanupTake);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan)).unwrap();
+    assert!(take.wait_reached(T), "the sweep is the worker's job");
+    let trees = claimed(&engine);
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    std::fs::remove_dir_all(&trees[0]).unwrap();
+    take.release();
+    assert!(engine.settle(T), "a sweep of an absent tree never ended");
+    let m = engine.metrics();
+    assert_eq!(
+        (m.orphan_dirs_swept, m.orphan_files_swept, m.delete_failures),
+        (0, 0, 0),
+        "{m:?}"
+    );
+    assert_eq!(engine.cleanup_report().sweeps_pending, 0);
+    assert_clean(&engine, dir.path());
+}
+
+/// Sets or clears the immutable flag of `path` (FS_IOC_SETFLAGS): even root cannot delete in
+/// an immutable directory, so a sweep fails for real. Clears it again on drop.
+struct Immutable(std::fs::File);
+
+const FS_IMMUTABLE_FL: libc::c_long = 0x10;
+
+impl Immutable {
+    fn set(path: &Path) -> Self {
+        let f = std::fs::File::open(path).unwrap();
+        Self::flag(&f, true);
+        Immutable(f)
+    }
+
+    fn flag(f: &std::fs::File, on: bool) {
+        let mut flags: libc::c_long = 0;
+        // SAFETY: FS_IOC_GETFLAGS/SETFLAGS read and write one long through a live pointer.
+        unsafe {
+            let r = libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags);
+            assert_eq!(r, 0, "FS_IOC_GETFLAGS: {}", std::io::Error::last_os_error());
+            if on {
+                flags |= FS_IMMUTABLE_FL;
+            } else {
+                flags &= !FS_IMMUTABLE_FL;
+            }
+            let r = libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags);
+            assert_eq!(r, 0, "FS_IOC_SETFLAGS: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        Self::flag(&self.0, false);
+    }
+}
+
+/// A claimed tree whose file cannot be deleted (its directory is immutable: EPERM): the sweep
+/// counts a failure and is queued again after the retry delay (still reported pending, the
+/// engine not settled); once the directory can be changed again, a retry removes the tree and
+/// counts it.
+fn a_sweep_that_fails_is_counted_retried_and_then_done(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let task_dir = dead_engine(dir.path(), 1);
+    let plan = FaultPlan::new(22);
+    let take = plan.pause_once(FaultPoint::CleanupTake);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan)).unwrap();
+    assert!(take.wait_reached(T));
+    let trees = claimed(&engine);
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    let moved = trees[0].join(task_dir.file_name().unwrap());
+    let lock = Immutable::set(&moved);
+    take.release();
+    wait_for("two failed attempts", || {
+        engine.metrics().delete_failures >= 2
+    });
+    assert!(
+        !engine.settle(Duration::from_millis(50)),
+        "a failed sweep is not done"
+    );
+    assert_eq!(engine.cleanup_report().sweeps_pending, 1);
+    let m = engine.metrics();
+    assert_eq!((m.orphan_dirs_swept, m.orphan_files_swept), (0, 0), "{m:?}");
+    assert_eq!(files_under(&moved).len(), 1, "the file is still there");
+    drop(lock);
+    engine.retry_cleanup_now();
+    assert!(engine.settle(T), "the retried sweep never finished");
+    let m = engine.metrics();
+    assert_eq!((m.orphan_dirs_swept, m.orphan_files_swept), (1, 1), "{m:?}");
+    assert_eq!(engine.cleanup_report().sweeps_pending, 0);
+    assert_clean(&engine, dir.path());
+}
