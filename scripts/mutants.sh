@@ -4,19 +4,24 @@
 #   scripts/mutants.sh                 the short shard (CI): the pure-logic protocols against
 #                                      their unit tests, a few minutes; fails on a missed mutant
 #   scripts/mutants.sh --full          every module below, each against the test files that
-#                                      exercise it (about 1.5 h on 2 vCPUs)
+#                                      exercise it (about an hour on 2 busy vCPUs)
 #   scripts/mutants.sh MODULE...       only those modules (names as in the table below)
 #   options: --out DIR (default results/mutants), --jobs N (default 1), --list (the mutants,
-#            no build)
+#            no build), --iterate (re-test only what the last run into DIR did not catch)
 #
 # Each module runs as its own cargo-mutants invocation restricted to its files (`-f`), to its
 # functions where a file is shared (`--re`), and to the tests that exercise it, under `nice`.
 # Mutants in the loom-only test modules (`#[cfg(loom)]`) are left out: a normal build does not
 # compile them. Each run leaves `<out>/<module>.txt` (the summary and the missed, timed-out
-# and unviable mutants) and the whole cargo-mutants output in `<out>/<module>.out/`. Exits 1
+# and unviable mutants) and the whole cargo-mutants output in `<out>/<module>.out/` (not
+# committed: results/mutants/.gitignore). Exits 1
 # if any mutant was missed (or timed out), 2 if cargo-mutants could not run.
 #
-# Set CARGO_TARGET_DIR to share a target directory between runs (default: target/mutants).
+# cargo-mutants builds a copy of the tree in /tmp, in CARGO_TARGET_DIR (this tree's target/ if
+# unset): the dependencies the tests built are reused. The engine itself is built with
+# its own profile settings (below), so its artifacts never mix with a normal test build's (two
+# builds of one profile from two copies of the tree would: cargo keys them by relative path).
+# Do not run two of these at once on one target directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,17 +29,20 @@ cd "$(dirname "$0")/.."
 # The test targets go to every cargo call (`-C`): each mutant builds only those binaries.
 MODULES=(
   "ledger;-f engine/src/store/ledger.rs;--lib --test admission"
-  "cleanup;-f engine/src/cleanup/mod.rs -f engine/src/cleanup/worker.rs -f engine/src/cleanup/sweep.rs;--test cleanup --test errors --test crash --test invariants --test mutants_cleanup"
-  "grants;-f engine/src/spill/grant.rs --re Grants|StateInner::(release|acquire|is_aborted|unregister|move_to)|close_by_scope|Grant>::drop|open_error -f engine/src/spill/state.rs --re SpilledState::(register|reader|into_reader|is_aborted)|Clone;--lib --test abort --test ownership --test adopt --test invariants"
+  "cleanup;-f engine/src/cleanup/mod.rs -f engine/src/cleanup/worker.rs -f engine/src/cleanup/sweep.rs;--test cleanup --test errors --test crash --test invariants --test pool --test mutants_cleanup"
+  "grants;-f engine/src/spill/grant.rs --re Grants|StateInner::(release|acquire|is_aborted|unregister|move_to)|close_by_scope|Grant>::drop|open_error -f engine/src/spill/state.rs --re SpilledState::(register|reader|into_reader|is_aborted)|Clone;--lib --test abort --test ownership --test adopt --test invariants --test pool"
   "abort;-f engine/src/spill/writer/hook.rs --re AbortableFiles|WriterShared|Tracker -f engine/src/spill/writer/rotate.rs --re record_segment|reserve_ticket|delete_now|create_failed_after;--lib --test abort --test errors --test races --test mutants_abort"
   "queue;-f engine/src/store/queue.rs;--lib --test cleanup --test errors"
 )
-# The short shard CI runs: the protocols that are pure logic, against their unit tests only
-# (one test binary, so a mutant builds and runs in seconds).
+# The short shard CI runs: the two loom-modelled protocols that are pure logic (a state's grants,
+# the writer's abort list and write tracker) against their unit tests only (one test binary:
+# a mutant builds and runs in seconds). `shard-ledger` is the ledger's unit-test run.
 SHARD_MODULES=(
-  "shard-ledger;-f engine/src/store/ledger.rs;--lib"
   "shard-grants;-f engine/src/spill/grant.rs --re Grants;--lib"
-  "shard-hook;-f engine/src/spill/writer/hook.rs --re AbortableFiles;--lib"
+  "shard-hook;-f engine/src/spill/writer/hook.rs --re AbortableFiles<T>::(record|hook_ran|abort|take_for_hand_off|take_own|is_aborted)|Tracker;--lib"
+)
+EXTRA_MODULES=(
+  "shard-ledger;-f engine/src/store/ledger.rs;--lib"
 )
 
 out=results/mutants
@@ -51,7 +59,7 @@ while (($#)); do
     --list) list=1 ;;
     # Re-test only what the last run into --out did not catch (cargo-mutants --iterate).
     --iterate) extra+=(--iterate) ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) want+=("$1") ;;
   esac
@@ -62,13 +70,14 @@ if ! cargo mutants --version >/dev/null 2>&1; then
   echo "cargo-mutants is not installed: cargo install --locked cargo-mutants" >&2
   exit 2
 fi
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/mutants}"
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 rows=()
 if ((${#want[@]})); then
   for w in "${want[@]}"; do
     found=0
-    for m in "${MODULES[@]}" "${SHARD_MODULES[@]}"; do
+    for m in "${MODULES[@]}" "${SHARD_MODULES[@]}" "${EXTRA_MODULES[@]}"; do
       [[ "${m%%;*}" == "$w" ]] && rows+=("$m") && found=1
     done
     ((found)) || { echo "no module $w" >&2; exit 2; }

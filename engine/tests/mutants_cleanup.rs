@@ -10,11 +10,13 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use spillring::{BackendKind, Engine, FaultPlan, FaultPoint};
+use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint};
 
 per_backend!(
     a_claimed_tree_gone_before_its_sweep_is_done_with,
     a_sweep_that_fails_is_counted_retried_and_then_done,
+    a_file_already_gone_at_its_delete_is_confirmed_on_the_spot,
+    trim_pool_deletes_and_counts_every_pooled_file,
 );
 
 const T: Duration = Duration::from_secs(20);
@@ -143,5 +145,71 @@ fn a_sweep_that_fails_is_counted_retried_and_then_done(b: BackendKind) {
     let m = engine.metrics();
     assert_eq!((m.orphan_dirs_swept, m.orphan_files_swept), (1, 1), "{m:?}");
     assert_eq!(engine.cleanup_report().sweeps_pending, 0);
+    assert_clean(&engine, dir.path());
+}
+
+/// A released state whose file someone else already deleted: the normal delete path finds it
+/// absent (ENOENT), which confirms it: the ticket is released there, nothing is counted as a
+/// failure and nothing goes to the cleanup worker.
+fn a_file_already_gone_at_its_delete_is_confirmed_on_the_spot(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b)).unwrap();
+    let task = engine.task("absent").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..3 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    let st = w.finish().unwrap();
+    let paths = st.paths();
+    assert_eq!(paths.len(), 1);
+    std::fs::remove_file(&paths[0]).unwrap();
+    drop(st);
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(
+        (
+            m.files_already_absent,
+            m.files_deleted,
+            m.delete_failures,
+            m.cleanup_released
+        ),
+        (1, 0, 0, 0),
+        "{m:?}"
+    );
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// `Engine::trim_pool` deletes every pooled file through the delete path and says how many.
+fn trim_pool_deletes_and_counts_every_pooled_file(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let task = engine.task("trim").unwrap();
+    let states: Vec<_> = (0..3)
+        .map(|k| {
+            let mut w = task.writer().unwrap();
+            w.write(Bytes::from(record(k, 1000))).unwrap();
+            w.finish().unwrap()
+        })
+        .collect();
+    drop(states);
+    let m = engine.metrics();
+    assert_eq!((m.pool_segments, m.tickets_used), (3, 3), "{m:?}");
+    assert_eq!(engine.trim_pool(), 3);
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(
+        (
+            m.pool_segments,
+            m.pool_trims,
+            m.files_deleted,
+            m.tickets_used
+        ),
+        (0, 3, 3, 0),
+        "{m:?}"
+    );
+    assert_eq!(segment_files(dir.path()), 0);
+    assert_eq!(engine.trim_pool(), 0, "nothing left to trim");
+    task.close();
     assert_clean(&engine, dir.path());
 }
