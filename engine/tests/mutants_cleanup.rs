@@ -12,11 +12,14 @@ use std::time::{Duration, Instant};
 
 use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint};
 
+use std::sync::Arc;
+
 per_backend!(
     a_claimed_tree_gone_before_its_sweep_is_done_with,
     a_sweep_that_fails_is_counted_retried_and_then_done,
     a_file_already_gone_at_its_delete_is_confirmed_on_the_spot,
     trim_pool_deletes_and_counts_every_pooled_file,
+    a_failed_record_waits_its_retry_delay_plus_at_most_a_quarter,
 );
 
 const T: Duration = Duration::from_secs(20);
@@ -210,6 +213,54 @@ fn trim_pool_deletes_and_counts_every_pooled_file(b: BackendKind) {
     );
     assert_eq!(segment_files(dir.path()), 0);
     assert_eq!(engine.trim_pool(), 0, "nothing left to trim");
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// The worker's wait after a failed batch is `cleanup_retry_delay` plus a jitter of at most a
+/// quarter of it: never less, never much more. The record's delete fails once in the worker;
+/// the time from the failure being counted to the record's release is measured.
+fn a_failed_record_waits_its_retry_delay_plus_at_most_a_quarter(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(23);
+    let delay = Duration::from_secs(2);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .cleanup_batch(1)
+            .cleanup_retry_delay(delay)
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("retry").unwrap();
+    let mut w = task.writer().unwrap();
+    w.write(Bytes::from(record(0, 1000))).unwrap();
+    let st = w.finish().unwrap();
+    // The normal delete fails: the name goes to the worker, whose first attempt fails too.
+    let hold: Arc<spillring::PauseHandle> = plan.pause_once(FaultPoint::CleanupTake);
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_times(FaultPoint::CleanupUnlink, libc::EIO, 1);
+    drop(st);
+    assert!(hold.wait_reached(T), "the worker never saw the record");
+    hold.release();
+    wait_for("the failed attempt", || {
+        engine.metrics().cleanup_retries == 1
+    });
+    let failed_at = Instant::now();
+    wait_for("the retry", || engine.metrics().cleanup_released == 1);
+    let waited = failed_at.elapsed();
+    // The failure is seen a little after it happened (polling every 2 ms), the release a
+    // little after it happened: allow 50 ms under, and generous scheduling slack over.
+    assert!(
+        waited + Duration::from_millis(50) >= delay,
+        "retried after {waited:?}, before the delay of {delay:?}"
+    );
+    assert!(
+        waited <= delay + delay / 4 + Duration::from_secs(1),
+        "retried after {waited:?}: more than the delay plus a quarter"
+    );
+    let m = engine.metrics();
+    assert_eq!((m.cleanup_retries, m.cleanup_released), (1, 1), "{m:?}");
+    plan.clear_all();
     task.close();
     assert_clean(&engine, dir.path());
 }
