@@ -289,6 +289,7 @@ mod tests {
         let l = Ledger::new(3, Some(5 * PAGE));
         assert_eq!(l.capacity(), 3);
         assert_eq!((l.used(), l.high_water(), l.bytes_used()), (0, 0, 0));
+        assert_eq!((l.quota_failures(), l.admission_failures()), (0, 0));
         let a = l.reserve(2 * PAGE + 1).unwrap();
         assert_eq!(l.bytes_used(), 3 * PAGE, "pages round up");
         assert_eq!((l.used(), l.high_water()), (1, 1));
@@ -314,6 +315,8 @@ mod tests {
             Err(SpillError::LedgerFull { capacity: 3 })
         ));
         assert_eq!((l.quota_failures(), l.admission_failures()), (1, 1));
+        assert!(l.reserve(0).is_err());
+        assert_eq!(l.admission_failures(), 2);
         assert_eq!(l.high_water(), 3);
         drop((a, b, c));
         assert_eq!((l.used(), l.bytes_used(), l.high_water()), (0, 0, 3));
