@@ -107,7 +107,11 @@ for m in "${rows[@]}"; do
   echo "== $name: cargo mutants ${fargs[*]} ${targs[*]}"
   start=$(date +%s)
   rc=0
-  nice -n 10 cargo mutants "${fargs[@]}" --exclude-re 'loom_tests::' "${extra[@]}" \
+  # MUTANTS_EXCLUDE_RE: mutants to leave out (e.g. the ones MUTANTS.md argues equivalent, on a
+  # re-run with --iterate).
+  ex=("${extra[@]}")
+  [[ -n "${MUTANTS_EXCLUDE_RE:-}" ]] && ex+=(--exclude-re "$MUTANTS_EXCLUDE_RE")
+  nice -n 10 cargo mutants "${fargs[@]}" --exclude-re 'loom_tests::' "${ex[@]}" \
     --jobs "$jobs" --timeout 120 --test-tool nextest -o "$out/$name.out" "${targs[@]}" || rc=$?
   secs=$(($(date +%s) - start))
   mo="$out/$name.out/mutants.out"
@@ -115,7 +119,7 @@ for m in "${rows[@]}"; do
   line="$name: caught $(count caught), missed $(count missed), unviable $(count unviable), timeout $(count timeout) (${secs} s, cargo-mutants exit $rc)"
   {
     echo "$line"
-    echo "command: cargo mutants ${fargs[*]} --exclude-re 'loom_tests::' ${extra[*]} --jobs $jobs --timeout 120 --test-tool nextest ${targs[*]}"
+    echo "command: cargo mutants ${fargs[*]} --exclude-re 'loom_tests::' ${ex[*]} --jobs $jobs --timeout 120 --test-tool nextest ${targs[*]}"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     for k in missed timeout unviable; do
       [[ -s "$mo/$k.txt" ]] && { echo "$k:"; sed 's/^/  /' "$mo/$k.txt"; }
