@@ -15,7 +15,8 @@
 # compile them. Each run leaves `<out>/<module>.txt` (the summary and the missed, timed-out
 # and unviable mutants) and the whole cargo-mutants output in `<out>/<module>.out/` (not
 # committed: results/mutants/.gitignore). Exits 1
-# if any mutant was missed (or timed out), 2 if cargo-mutants could not run.
+# if any mutant was missed, 2 if cargo-mutants could not run (a timeout, a test hanging under a
+# mutant, is reported but counts as noticed).
 #
 # cargo-mutants builds a copy of the tree in /tmp, in CARGO_TARGET_DIR (this tree's target/ if
 # unset): the dependencies the tests built are reused. The engine itself is built with
@@ -36,9 +37,10 @@ MODULES=(
 )
 # The short shard CI runs: the two loom-modelled protocols that are pure logic (a state's grants,
 # the writer's abort list and write tracker) against their unit tests only (one test binary:
-# a mutant builds and runs in seconds). `shard-ledger` is the ledger's unit-test run.
+# a mutant builds and runs in seconds). `shard-ledger` is the ledger's unit-test run. The one
+# mutant MUTANTS.md argues equivalent in `Grants` is left out.
 SHARD_MODULES=(
-  "shard-grants;-f engine/src/spill/grant.rs --re Grants;--lib"
+  "shard-grants;-f engine/src/spill/grant.rs --re Grants --exclude-re guard\sself\.is_aborted\(\)\swith\sfalse\sin\sGrants<T>::begin_publish;--lib"
   "shard-hook;-f engine/src/spill/writer/hook.rs --re AbortableFiles<T>::(record|hook_ran|abort|take_for_hand_off|take_own|is_aborted)|Tracker;--lib"
 )
 EXTRA_MODULES=(
@@ -59,7 +61,7 @@ while (($#)); do
     --list) list=1 ;;
     # Re-test only what the last run into --out did not catch (cargo-mutants --iterate).
     --iterate) extra+=(--iterate) ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) want+=("$1") ;;
   esac
@@ -126,12 +128,13 @@ for m in "${rows[@]}"; do
     done
   } >"$out/$name.txt"
   summary+=("$line")
-  # cargo-mutants exits 2 for a missed mutant, 3 for a timeout, 4 when the baseline fails.
-  case "$rc" in
-    0) ;;
-    2|3) status=1 ;;
-    *) status=2 ;;
-  esac
+  # cargo-mutants exits 2 for a missed mutant, 3 for a timeout (a test hung under the mutant:
+  # the suite noticed it), 4 when the baseline fails. Only a missed mutant fails this script.
+  if [[ -s "$mo/missed.txt" ]]; then
+    status=1
+  elif [[ "$rc" != 0 && "$rc" != 3 ]]; then
+    status=2
+  fi
 done
 
 ((list)) && exit 0

@@ -333,6 +333,16 @@ mod tests {
         g.with_entries(<[u32]>::to_vec)
     }
 
+    /// `acquire` on another thread, failing the test if it is still blocked after 5 s (a
+    /// publish left under way blocks it for good).
+    fn acquire_soon(g: &std::sync::Arc<Grants<u32>>) -> Result<()> {
+        let g = g.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(g.acquire()));
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("acquire blocked: the publish never ended")
+    }
+
     #[test]
     fn the_last_release_takes_the_files_once() {
         let g = Grants::new(vec![1, 2]);
@@ -394,11 +404,11 @@ mod tests {
 
     #[test]
     fn an_ended_publish_leaves_nothing_to_take() {
-        let g = Grants::new(vec![4]);
+        let g = std::sync::Arc::new(Grants::new(vec![4]));
         let files = g.begin_publish().unwrap();
         assert_eq!(files, [4]);
         g.end_publish();
-        assert!(matches!(g.acquire(), Err(SpillError::Closed { .. })));
+        assert!(matches!(acquire_soon(&g), Err(SpillError::Closed { .. })));
         assert!(matches!(g.begin_publish(), Err(SpillError::Closed { .. })));
         assert_eq!(g.release(), None, "published files are the caller's");
         assert_eq!(g.close(), None);
@@ -435,20 +445,27 @@ mod tests {
         for roll_back in [false, true] {
             let g = std::sync::Arc::new(Grants::new(vec![9]));
             let files = g.begin_publish().unwrap();
-            let waiter = {
+            let (tx, rx) = std::sync::mpsc::channel();
+            {
                 let g = g.clone();
-                std::thread::spawn(move || g.acquire())
-            };
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            assert!(!waiter.is_finished(), "a grant was taken during a publish");
+                std::thread::spawn(move || tx.send(g.acquire()));
+            }
+            let wait = std::time::Duration::from_millis(50);
+            assert!(
+                rx.recv_timeout(wait).is_err(),
+                "a grant was taken during a publish"
+            );
+            let soon = std::time::Duration::from_secs(5);
             if roll_back {
                 assert_eq!(g.roll_back_publish(files), None);
-                waiter.join().unwrap().unwrap();
+                rx.recv_timeout(soon)
+                    .expect("the waiter was not woken")
+                    .unwrap();
                 assert_eq!(g.release(), None, "the waiter holds a grant");
                 assert_eq!(g.release(), Some(vec![9]));
             } else {
                 g.end_publish();
-                let r = waiter.join().unwrap();
+                let r = rx.recv_timeout(soon).expect("the waiter was not woken");
                 assert!(matches!(r, Err(SpillError::Closed { .. })), "{r:?}");
             }
         }
