@@ -69,11 +69,9 @@ fn inv7_a_refused_rotation_whose_pool_trim_fails_reports_the_refusal(b: BackendK
         "the refusal must win over the failed trim: {err:?}"
     );
     let m = engine.metrics();
-    assert_eq!(
-        (m.pool_trims, m.pool_segments, m.delete_failures),
-        (1, 0, 1),
-        "{m:?}"
-    );
+    assert_eq!((m.pool_trims, m.pool_segments), (1, 0), "{m:?}");
+    // The trim's failure; the worker may have failed its retry already too.
+    assert!(m.delete_failures >= 1, "{m:?}");
     assert_eq!(
         m.admission_failures, 2,
         "refused before and after the trim: {m:?}"
