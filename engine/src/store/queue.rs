@@ -270,7 +270,7 @@ impl CleanupQueue {
 /// The queue's bookkeeping step by step, without a worker thread (the engine tests drive it
 /// through the worker; these pin what each method returns, which cargo-mutants showed the
 /// engine tests left loose).
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
