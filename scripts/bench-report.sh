@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# bench-report.sh: one command for the whole performance story of issue 4.
+# bench-report.sh: one command for the whole performance story (issues 4 and 10).
 #
-# Runs every bench of the spillring-benches crate (capacity, hot_path, throughput, ledger,
-# cleanup, repeat), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine path of every
-# missed goal with `perf record -e cpu-clock`, and writes into the output directory:
-#   capacity.json hot-path.json throughput.json ledger.json cleanup.json repeat.json
-#   fio-baseline.json
-#   REPORT.md (goal beside every figure, commit, machine, command) and SVG plots.
+# Runs every bench of the spillring-benches crate (`cargo bench -p spillring-benches`: capacity,
+# hot_path, throughput, ledger, cleanup, repeat, overlap, and any bench added to
+# benches/Cargo.toml), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine
+# path of the worst missed goal of each profile slot with `perf record -e cpu-clock`, and writes
+# into the output directory:
+#   every bench's JSON (capacity.json hot-path.json throughput.json ledger.json cleanup.json
+#   repeat.json overlap.json fio-baseline.json ...) with provenance and its verdicts,
+#   REPORT.md (the goal table: every goal with its verdict, or "not measured" when its bench did
+#   not run; commit, machine, command) and SVG plots.
+# Verdicts come from one place, the GOALS table of scripts/bench_report.py. The benches open
+# their engines with an explicit backend (io_uring; SPILLRING_BENCH_BACKEND=psync to measure
+# psync on purpose) and fail rather than report a fallback.
 #
 # Usage: scripts/bench-report.sh [--quick] [--out DIR] [--no-fio] [--no-profile]
-#   --quick       CI-sized smoke run (small volumes, few samples, ~2 minutes). Writes to
+#   --quick       CI-sized smoke run (small volumes, few samples, ~3-8 minutes). Writes to
 #                 $CARGO_TARGET_DIR/spillring-bench/quick-results unless --out is given, so it
 #                 never overwrites the checked-in results/.
 #   --out DIR     output directory (default: results/ for a full run)
 # Env: CARGO_TARGET_DIR (default target/), SPILLRING_BENCH_ROOT (where spill files go; default
-#      the system temp directory; must support O_DIRECT for the direct-mode runs).
+#      the system temp directory; must support O_DIRECT for the direct-mode runs),
+#      SPILLRING_BENCH_BACKEND (uring, the default, or psync).
 # Needs python3 with matplotlib (the plots); installs it from PyPI with pip when it is missing.
 set -euo pipefail
 
@@ -33,7 +40,7 @@ while [[ $# -gt 0 ]]; do
         --out) out=$2; shift 2 ;;
         --no-fio) fio=0; shift ;;
         --no-profile) profile=0; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "bench-report.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -65,7 +72,7 @@ start=$(date +%s)
 echo "bench-report: cargo bench (quick=$quick), raw results in $raw" >&2
 set +e
 cargo bench -p spillring-benches 2>&1 | tee "$raw/cargo-bench.log" \
-    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|spillring-bench|error)|time:|panicked' >&2 || true; }
+    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|overlap|scale|async_poll|spillring-bench|error)|time:|panicked' >&2 || true; }
 status=${PIPESTATUS[0]}
 set -e
 if (( status != 0 )); then

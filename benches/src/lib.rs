@@ -1,6 +1,7 @@
 //! Shared helpers for the spillring benches, one module per concern:
 //!
 //! - [`mode`]: how the binary was asked to run (quick mode, test mode, a profile loop);
+//! - [`backend`]: the I/O backend a bench means, and an `Engine::open` that checks it ran;
 //! - [`dirs`]: where results and spill files go;
 //! - [`payload`]: aligned payloads the engine and the baselines share without copying;
 //! - [`measure`]: CPU time from `getrusage` and what one write run measured;
@@ -17,6 +18,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod backend;
 pub mod baseline;
 pub mod dirs;
 pub mod heap;
@@ -27,6 +29,7 @@ pub mod report;
 pub mod samples;
 pub mod wait;
 
+pub use backend::{assert_backend, open_engine, wanted_backend};
 pub use dirs::{out_dir, scratch, scratch_meta};
 pub use heap::{GatedDhat, HeapProfile};
 pub use measure::{Run, cpu_time, process_cpu, thread_cpu};

@@ -96,6 +96,20 @@ pub const DIRECT_ALIGN: usize = 4096;
 
 /// Engine configuration. Build with [`EngineConfig::new`] and the setters; `Engine::open`
 /// validates it and returns [`SpillError::InvalidConfig`] naming the bad field.
+///
+/// ```
+/// use std::time::Duration;
+/// use spillring::{EngineConfig, SpillError, WriteMode};
+/// let cfg = EngineConfig::new("/mnt/disk1/spill")
+///     .add_root("/mnt/disk2/spill")
+///     .mode(WriteMode::Direct)
+///     .max_spill_bytes(64 << 30)
+///     .shutdown_budget(Duration::from_secs(2));
+/// assert!(cfg.validate().is_ok());
+/// // Every bound is checked, and the error names the field.
+/// let bad = EngineConfig::new("/tmp/spill").segment_size(1000).validate();
+/// assert!(matches!(bad, Err(SpillError::InvalidConfig(m)) if m.contains("segment_size")));
+/// ```
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub(crate) roots: Vec<PathBuf>,
@@ -116,6 +130,7 @@ pub struct EngineConfig {
     pub(crate) pool_max_segments: usize,
     pub(crate) pool_max_bytes: u64,
     pub(crate) read_buffer_max: usize,
+    pub(crate) max_open_files: usize,
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
     pub(crate) fault_plan: Option<Arc<FaultPlan>>,
@@ -134,9 +149,19 @@ struct Explicit {
 const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
 /// Default staging buffer size (when segments are not smaller).
 const DEFAULT_IO_BUFFER_SIZE: usize = 1 << 20;
+/// Default bound on the segment fds open writers hold.
+const DEFAULT_MAX_OPEN_FILES: usize = 1024;
+/// Largest accepted `max_open_files`.
+pub const MAX_OPEN_FILES: usize = 1 << 20;
 
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
+    ///
+    /// Roots, as `Engine::open` treats them: a missing root is created with its missing
+    /// parents (and what it created is removed at shutdown if empty); a root that is not a
+    /// directory fails the open ([`SpillError::RootNotADirectory`]); a root that fails with
+    /// an OS error (read-only, no permission, a device error) is skipped for the engine's life
+    /// if another root works (a warning, and the `roots_unusable` metric).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         EngineConfig {
             roots: vec![root.into()],
@@ -157,6 +182,7 @@ impl EngineConfig {
             pool_max_segments: 256,
             pool_max_bytes: 1 << 30,
             read_buffer_max: 256 << 10,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
             fault_plan: None,
@@ -181,15 +207,28 @@ impl EngineConfig {
     }
 
     /// Most segment files on disk that the engine must still delete (one ticket each). A create
-    /// past it fails with [`SpillError::LedgerFull`]. Default 65,536. Bounds: 1..=16,777,216.
+    /// past it fails with [`SpillError::LedgerFull`], or [`SpillError::WriterCannotFit`] when
+    /// the writer's own segments hold every ticket (it can never get another: with
+    /// `ticket_capacity(1)` a writer never gets a second segment). Pooled segment files hold
+    /// tickets too and are deleted first. Default 65,536. Bounds: 1..=16,777,216.
     pub fn ticket_capacity(mut self, tickets: usize) -> Self {
         self.ticket_capacity = tickets;
         self
     }
 
     /// Most bytes live segments may hold on disk, checked when a segment is reserved. Past it,
-    /// [`SpillError::QuotaExceeded`]. Default: unlimited. Bounds: at least one segment size
-    /// (64 KiB with the default segment size, which follows a smaller quota).
+    /// [`SpillError::QuotaExceeded`], or [`SpillError::WriterCannotFit`] when the writer's own
+    /// segments and the one it asks for pass it. Default: unlimited. Bounds: at least one
+    /// segment size (64 KiB with the default segment size, which follows a smaller quota).
+    ///
+    /// The reservation rule: every open writer's current segment reserves a whole
+    /// `segment_size` of quota (whole blocks in direct mode), from its first record until it
+    /// is sealed; a sealed segment then holds its written bytes (in direct mode and with
+    /// `preallocate`, its allocation until `finish` trims it). So `max_spill_bytes` below
+    /// `open writers × segment_size` refuses writers while little is written: with
+    /// `max_spill_bytes == segment_size`, a second writer's 100-byte record is refused while
+    /// the first is open, and one writer never gets a second segment. Size the quota as at
+    /// least `(concurrent writers + 1) × segment_size`, or lower `segment_size`.
     pub fn max_spill_bytes(mut self, bytes: u64) -> Self {
         self.max_spill_bytes = Some(bytes);
         self
@@ -294,6 +333,19 @@ impl EngineConfig {
     /// Default 256 KiB. Bounds: 0..=64 MiB.
     pub fn read_buffer_max(mut self, bytes: usize) -> Self {
         self.read_buffer_max = bytes;
+        self
+    }
+
+    /// Most segment fds the engine's open writers hold at once, over every backend. An open
+    /// writer whose fd is idle (no write in flight) may lose it to this bound (least recently
+    /// used first) and reopens its segment by name when it next writes; when every fd is busy,
+    /// a writer that needs one waits until a write completes. When the OS has no descriptor
+    /// left (EMFILE/ENFILE, e.g. a soft `RLIMIT_NOFILE` below this bound), the engine closes an
+    /// idle fd of its own and retries; with none it can close, the call fails with
+    /// [`SpillError::TooManyOpenFiles`]. Held states and readers hold no fd between reads.
+    /// Default 1,024. Bounds: 1..=1,048,576.
+    pub fn max_open_files(mut self, n: usize) -> Self {
+        self.max_open_files = n;
         self
     }
 
@@ -436,6 +488,12 @@ impl EngineConfig {
             return bad(format!(
                 "read_buffer_max: need 0..=67108864, got {}",
                 self.read_buffer_max
+            ));
+        }
+        if !(1..=MAX_OPEN_FILES).contains(&self.max_open_files) {
+            return bad(format!(
+                "max_open_files: need 1..={MAX_OPEN_FILES}, got {}",
+                self.max_open_files
             ));
         }
         if self.pool_max_segments > 65_536 {

@@ -29,7 +29,14 @@ pub enum SpillError {
 
     /// The engine's byte quota (`max_spill_bytes`) would be exceeded. No file was created.
     /// Capacity returns as files are deleted.
-    #[error("spill quota exceeded: {in_use} of {limit} bytes in use, {requested} more requested")]
+    ///
+    /// Every open segment holds a whole `segment_size` of quota until it is sealed (a finished
+    /// segment then holds its written bytes): with `max_spill_bytes` below
+    /// `writers × segment_size`, an open writer's next segment can be refused while little is
+    /// written. See [`crate::EngineConfig::max_spill_bytes`].
+    #[error(
+        "spill quota exceeded: {in_use} of {limit} bytes in use, {requested} more requested (every open segment reserves a whole segment_size of quota; raise max_spill_bytes or lower segment_size if open writers alone fill it)"
+    )]
     QuotaExceeded {
         /// The configured limit, in bytes.
         limit: u64,
@@ -136,6 +143,111 @@ pub enum SpillError {
     /// no further writes.
     #[error("writer already failed; its files were deleted")]
     WriterFailed,
+
+    /// A `write_async` future of this writer was dropped before it completed, so a record may
+    /// be half placed in its stream: the writer failed and deleted its files, and takes no
+    /// further writes. (Cancelling a future is fine; use a new writer after it.)
+    #[error(
+        "a write_async future of this writer was dropped before it completed; the record may be half written, so the writer failed and deleted its files"
+    )]
+    WriteFutureDropped,
+
+    /// Admission can never succeed for this writer: the tickets (or quota bytes) it holds
+    /// itself already fill the ledger (or the quota), so no other spill finishing can make
+    /// room. Nothing was created; the writer keeps what it has (`finish` still works).
+    #[error(
+        "{resource} can never fit this writer: it holds {held} of {limit} itself and needs {requested} more; {fix}"
+    )]
+    WriterCannotFit {
+        /// "ticket ledger" or "spill quota".
+        resource: &'static str,
+        /// Tickets (or quota bytes) this writer holds.
+        held: u64,
+        /// The configured limit (`ticket_capacity` or `max_spill_bytes`).
+        limit: u64,
+        /// What the refused segment asked for (1 ticket, or its quota bytes).
+        requested: u64,
+        /// The configuration change or call that makes it fit.
+        fix: &'static str,
+    },
+
+    /// A configured spill root exists and is not a directory (a regular file, a symlink to
+    /// nothing, or a path under a regular file): a configuration error, so `Engine::open`
+    /// fails even if other roots work. Nothing was created.
+    #[error("spill root {path} is not a directory: it is {found}")]
+    RootNotADirectory {
+        /// The root as configured.
+        path: PathBuf,
+        /// What is there instead.
+        found: &'static str,
+    },
+
+    /// `publish` could not move every file into the destination, so it moved none: a name
+    /// there is taken (`source` is `EEXIST`; publish never replaces a file), or a rename or
+    /// the preparation of a file failed. The files already moved were moved back before this
+    /// returned. Like `tempfile`'s `PersistError` hands the file back, the state is handed back
+    /// whole: it still holds every file and stays readable; call `publish` again with another
+    /// destination or prefix. (Only if moving a file back failed too, which needs a second
+    /// fault, are its paths in `stranded`: see there.)
+    #[error("{}", publish_failed_message(.path, .source, .stranded))]
+    PublishFailed {
+        /// The destination path the failure is about: the name taken, the rename that failed,
+        /// or where the file that could not be prepared (trimmed, given its mode) would go.
+        path: PathBuf,
+        /// Every path the publish would have created, in order.
+        targets: Vec<PathBuf>,
+        /// Files that were moved and could not be moved back: they are at these destination
+        /// paths, the caller's (the engine forgets them), and the state cannot read those
+        /// segments any more (its reader fails there with `Io`). Empty unless a move back
+        /// failed.
+        stranded: Vec<PathBuf>,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// `publish` into a directory on another filesystem than the spill root that holds the
+    /// files: a rename cannot cross filesystems (`EXDEV`). Nothing was moved; the state still
+    /// holds its files and stays readable. Publish into a directory on the root's filesystem
+    /// (and copy from there if the data must go elsewhere).
+    #[error(
+        "cannot publish into {dest}: it is on another filesystem than the spill root {root}, and a \
+         rename cannot cross filesystems (EXDEV); nothing was moved, the state still holds its \
+         files: publish into a directory on the root's filesystem"
+    )]
+    PublishCrossesFilesystems {
+        /// The destination directory.
+        dest: PathBuf,
+        /// The directory (under a spill root) that holds the state's files.
+        root: PathBuf,
+    },
+}
+
+/// The message of [`SpillError::PublishFailed`].
+fn publish_failed_message(
+    path: &std::path::Path,
+    source: &io::Error,
+    stranded: &[PathBuf],
+) -> String {
+    let what = if source.kind() == io::ErrorKind::AlreadyExists {
+        "the name is taken (publish never replaces a file)".to_owned()
+    } else {
+        source.to_string()
+    };
+    if stranded.is_empty() {
+        format!(
+            "publish failed at {}: {what}; nothing was moved, the state still holds its files",
+            path.display()
+        )
+    } else {
+        format!(
+            "publish failed at {}: {what}; moving back failed for {} file(s), left at {:?} (the \
+             caller's now; the state keeps its other files but cannot read those segments)",
+            path.display(),
+            stranded.len(),
+            stranded
+        )
+    }
 }
 
 /// Result alias for spillring calls.
@@ -172,7 +284,8 @@ impl SpillError {
         match self {
             SpillError::Io { source, .. }
             | SpillError::StorageFull { source, .. }
-            | SpillError::TooManyOpenFiles { source, .. } => Some(source),
+            | SpillError::TooManyOpenFiles { source, .. }
+            | SpillError::PublishFailed { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -209,6 +322,10 @@ pub(crate) mod errno {
     pub(crate) const EROFS: i32 = Errno::ROFS.raw_os_error();
     /// Invalid argument (e.g. `O_DIRECT` on a filesystem without it).
     pub(crate) const EINVAL: i32 = Errno::INVAL.raw_os_error();
+    /// The name exists.
+    pub(crate) const EEXIST: i32 = Errno::EXIST.raw_os_error();
+    /// Invalid cross-device link: a rename between two filesystems.
+    pub(crate) const EXDEV: i32 = Errno::XDEV.raw_os_error();
     /// Operation cancelled: what an op that never started reports.
     pub(crate) const ECANCELED: i32 = Errno::CANCELED.raw_os_error();
     /// Not a directory.
@@ -231,12 +348,13 @@ pub(crate) mod errno {
                 (super::EROFS, libc::EROFS, Errno::ROFS),
                 (super::EINVAL, libc::EINVAL, Errno::INVAL),
                 (super::ECANCELED, libc::ECANCELED, Errno::CANCELED),
+                (super::EXDEV, libc::EXDEV, Errno::XDEV),
                 (super::ENOTDIR, libc::ENOTDIR, Errno::NOTDIR),
                 (super::ELOOP, libc::ELOOP, Errno::LOOP),
                 (libc::EWOULDBLOCK, libc::EWOULDBLOCK, Errno::WOULDBLOCK),
                 (libc::EOPNOTSUPP, libc::EOPNOTSUPP, Errno::OPNOTSUPP),
                 (libc::EINTR, libc::EINTR, Errno::INTR),
-                (libc::EEXIST, libc::EEXIST, Errno::EXIST),
+                (super::EEXIST, libc::EEXIST, Errno::EXIST),
             ] {
                 assert_eq!(ours, libc);
                 let io = std::io::Error::from(e);

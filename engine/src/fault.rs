@@ -16,8 +16,10 @@
 //! | `IoUnlink` | an I/O thread about to unlink | the unlink completes with `-errno` |
 //! | `CleanupUnlink` | the cleanup worker about to unlink | same, on the retry path |
 //! | `CleanupTake` | the cleanup worker about to take a batch | (use `pause`) |
-//! | `StatePublish` | `publish` took the files, before its first rename | (use `pause`) |
+//! | `StatePublish` | `publish` took the files, before it checks the destination names | (use `pause`) |
 //! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
+//! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
+//! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -57,10 +59,18 @@ pub enum FaultPoint {
     /// `reader::open`: a reader passed its abort check and looked up the next segment, and has
     /// not opened it yet. Pausing here lets a test delete the file under the reader.
     ReaderOpen,
+    /// `state::publish_rename`: `publish` is about to rename one file, into the destination or
+    /// (rolling back) back into its directory. Calls count the forward renames first, then the
+    /// moves back, so `Trigger::After` picks one.
+    PublishRename,
+    /// `writer::reopen`: a writer whose segment fd was closed by the engine's fd bound
+    /// (`max_open_files`) passed its abort check and has not reopened its segment yet. Pausing
+    /// here lets a test cancel the scope (and delete the file) under the reopen.
+    WriterReopen,
 }
 
 /// Number of fault points.
-const POINTS: usize = 10;
+const POINTS: usize = 12;
 
 impl FaultPoint {
     /// Every fault point.
@@ -75,6 +85,8 @@ impl FaultPoint {
         FaultPoint::CleanupTake,
         FaultPoint::StatePublish,
         FaultPoint::ReaderOpen,
+        FaultPoint::PublishRename,
+        FaultPoint::WriterReopen,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -90,6 +102,8 @@ impl FaultPoint {
             FaultPoint::CleanupTake => "cleanup::take",
             FaultPoint::StatePublish => "state::publish",
             FaultPoint::ReaderOpen => "reader::open",
+            FaultPoint::PublishRename => "state::publish_rename",
+            FaultPoint::WriterReopen => "writer::reopen",
         }
     }
 

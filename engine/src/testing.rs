@@ -92,3 +92,24 @@ pub fn encode_segment(segment: u32, engine: u64, records: &[&[u8]]) -> Vec<u8> {
     }
     v
 }
+
+/// The engine's bound on writers' segment fds (`max_open_files`), as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdStats {
+    /// The bound.
+    pub max: usize,
+    /// Counted segment fds open now (cached by writers or held by writes in flight).
+    pub open: usize,
+    /// Idle fds closed by the bound (or after EMFILE/ENFILE from the OS) so far.
+    pub evictions: u64,
+}
+
+/// The state of `engine`'s fd bound.
+pub fn fd_stats(engine: &crate::Engine) -> FdStats {
+    let c = engine.fd_cache();
+    FdStats {
+        max: c.max(),
+        open: c.open_count(),
+        evictions: c.evictions(),
+    }
+}

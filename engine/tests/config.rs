@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use spillring::{
-    BackendKind, Bytes, Engine, EngineConfig, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, SpillError,
-    WriteMode,
+    BackendKind, Bytes, Engine, EngineConfig, MAX_OPEN_FILES, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE,
+    SpillError, WriteMode,
 };
 
 /// Opens `cfg`, spills a few records (40 KiB: within the smallest quota) and reads them back.
@@ -129,6 +129,8 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         }),
         ("read_buffer_max 0", |c| c.read_buffer_max(0)),
         ("read_buffer_max max", |c| c.read_buffer_max(64 << 20)),
+        ("max_open_files min", |c| c.max_open_files(1)),
+        ("max_open_files max", |c| c.max_open_files(MAX_OPEN_FILES)),
         ("pool off", |c| c.pool_max_segments(0)),
         ("pool_max_segments max", |c| c.pool_max_segments(65_536)),
         ("pool_max_bytes 0", |c| c.pool_max_bytes(0)),
@@ -147,5 +149,17 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         let cfg = set(EngineConfig::new(dir.path()));
         assert!(cfg.validate().is_ok(), "{name}: {:?}", cfg.validate());
         opens_and_spills(name, cfg, dir.path());
+    }
+}
+
+#[test]
+fn max_open_files_out_of_bounds_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in [0, MAX_OPEN_FILES + 1] {
+        let err = Engine::open(EngineConfig::new(dir.path()).max_open_files(n)).unwrap_err();
+        assert!(
+            matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_open_files")),
+            "{n}: {err}"
+        );
     }
 }

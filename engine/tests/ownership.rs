@@ -131,7 +131,7 @@ fn publish_into_a_missing_destination_loses_nothing() {
     let dest = tempfile::tempdir_in(dir.path()).unwrap();
     std::fs::write(dest.path().join("x-000000.bin"), b"theirs").unwrap();
     let e = st.publish(dest.path(), "x").unwrap_err();
-    assert!(matches!(e, SpillError::Io { .. }), "{e}");
+    assert!(matches!(e, SpillError::PublishFailed { .. }), "{e}");
     assert_eq!(
         std::fs::read(dest.path().join("x-000000.bin")).unwrap(),
         b"theirs"

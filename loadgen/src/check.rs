@@ -280,6 +280,23 @@ pub fn fds_in(dir: &Path) -> io::Result<BTreeMap<i32, String>> {
     Ok(m)
 }
 
+/// Runs `check` until it finds nothing or `within` has passed (the reaper may close the last
+/// fds, and the engine unmap the last segment, a moment after the engine is gone): what it
+/// found last, or the error that kept it from running.
+pub fn poll_until_empty<T>(
+    within: std::time::Duration,
+    mut check: impl FnMut() -> io::Result<Vec<T>>,
+) -> io::Result<Vec<T>> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let found = check()?;
+        if found.is_empty() || std::time::Instant::now() > deadline {
+            return Ok(found);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Fds open now that were not open (to the same target) in `before`.
 pub fn leaked_fds(before: &BTreeMap<i32, String>) -> io::Result<Vec<String>> {
     leaked_fds_in(Path::new(PROC_FDS), before)

@@ -67,6 +67,43 @@ fn fs_type(p: &Path) -> String {
     best.map_or_else(|| "unknown".to_owned(), |(_, t)| t)
 }
 
+/// What every loadgen report opens with: what ran, from which build, where, with which
+/// workload. Flattened into the report's JSON, so its fields stay top-level keys.
+#[derive(Debug, Serialize)]
+pub struct ReportHead {
+    pub kind: &'static str,
+    pub name: String,
+    pub loadgen_version: &'static str,
+    pub seed: u64,
+    pub commit: String,
+    pub command: Vec<String>,
+    pub machine: Machine,
+    pub root: std::path::PathBuf,
+    pub config: crate::args::Workload,
+}
+
+impl ReportHead {
+    pub fn new(
+        kind: &'static str,
+        name: &str,
+        seed: u64,
+        root: &Path,
+        config: &crate::args::Workload,
+    ) -> Self {
+        ReportHead {
+            kind,
+            name: name.to_owned(),
+            loadgen_version: env!("CARGO_PKG_VERSION"),
+            seed,
+            commit: commit().to_owned(),
+            command: std::env::args().collect(),
+            machine: machine(root.parent().unwrap_or(root)),
+            root: root.to_path_buf(),
+            config: config.clone(),
+        }
+    }
+}
+
 /// The commit loadgen was built from, embedded at compile time by build.rs (`git rev-parse
 /// --short HEAD` in its source tree, `-dirty` when files there differ from it; "unknown"
 /// without git). Never the commit of whatever repository the current directory is in.

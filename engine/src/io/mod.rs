@@ -1,21 +1,26 @@
 //! How bytes move: the I/O request types, the handle the engine submits through, staging
-//! buffers, and the reaper that closes files off the callers' threads.
+//! buffers, the reaper that closes files off the callers' threads, and the offload pool that
+//! runs the blocking steps of `_async` calls.
 //!
 //! The backends live in [`uring`] (an io_uring ring thread) and [`psync`] (plain syscalls on an
 //! I/O thread). Both take the same [`Op`]s over a crossbeam channel and report each one's
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod buf;
+mod fdcache;
 mod gate;
 mod lane;
+mod offload;
 mod op;
 mod psync;
 mod reaper;
 pub(crate) mod uring;
 
 pub(crate) use buf::{BufferPool, IoBuf};
+pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
+pub(crate) use offload::{Offload, Offloaded};
 pub(crate) use op::*;
 pub(crate) use reaper::{Reaped, Reaper, ReaperThread};
 
@@ -40,6 +45,8 @@ pub(crate) struct IoHandle {
     pool: Arc<BufferPool>,
     reaper: Reaper,
     fault: Option<Arc<FaultPlan>>,
+    fds: Arc<FdCache>,
+    offload: Offload,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -61,6 +68,8 @@ pub(crate) struct IoSetup {
     pub fault: Option<Arc<FaultPlan>>,
     pub deadline: Arc<Deadline>,
     pub reaper: Reaper,
+    /// The bound on segment fds writers hold (`max_open_files`).
+    pub max_open_files: usize,
 }
 
 impl IoHandle {
@@ -112,12 +121,24 @@ impl IoHandle {
             pool: setup.pool.clone(),
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
+            fds: FdCache::new(setup.max_open_files),
+            offload: Offload::new(),
         }
+    }
+
+    /// The bound on segment fds writers hold, shared by every lane and backend.
+    pub(crate) fn fds(&self) -> &Arc<FdCache> {
+        &self.fds
     }
 
     /// The staging buffers.
     pub(crate) fn pool(&self) -> &Arc<BufferPool> {
         &self.pool
+    }
+
+    /// The pool that runs the blocking steps of `_async` calls off the caller's thread.
+    pub(crate) fn offload(&self) -> &Offload {
+        &self.offload
     }
 
     /// The reaper that closes fds off the hot path.

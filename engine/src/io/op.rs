@@ -25,6 +25,9 @@ pub(crate) trait OpSink: Send + Sync {
 pub(crate) struct FileHandle {
     fd: Option<OwnedFd>,
     reaper: Reaper,
+    /// Counts the fd in the engine's fd bound (a writer's segment fd), given back once the
+    /// reaper closed the fd (see `fdcache.rs`).
+    permit: Option<FdPermit>,
 }
 
 impl FileHandle {
@@ -32,7 +35,25 @@ impl FileHandle {
         Arc::new(FileHandle {
             fd: Some(fd),
             reaper,
+            permit: None,
         })
+    }
+
+    /// A handle whose fd counts in the engine's fd bound until it drops.
+    pub(crate) fn counted(fd: OwnedFd, reaper: Reaper, mut permit: FdPermit) -> Arc<Self> {
+        permit.set_live();
+        Arc::new(FileHandle {
+            fd: Some(fd),
+            reaper,
+            permit: Some(permit),
+        })
+    }
+
+    /// Closes the fd on this thread (not the reaper), then gives back its permit: for an fd
+    /// evicted from the cache, whose descriptor the caller is about to reuse.
+    pub(crate) fn close_now(mut self) {
+        drop(self.fd.take());
+        drop(self.permit.take());
     }
 
     pub(crate) fn raw(&self) -> RawFd {
@@ -53,7 +74,8 @@ impl AsFd for FileHandle {
 impl Drop for FileHandle {
     fn drop(&mut self) {
         if let Some(fd) = self.fd.take() {
-            self.reaper.reap(Reaped::Fd(fd));
+            // The permit (if any) goes back once the reaper closed the fd.
+            self.reaper.reap(Reaped::Fd(fd, self.permit.take()));
         }
     }
 }

@@ -9,12 +9,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use memmap2::Mmap;
+
+use super::FdPermit;
 use parking_lot::Mutex;
 
 /// Something whose drop may be slow, dropped on the reaper thread.
 #[derive(Debug)]
 pub(crate) enum Reaped {
-    Fd(#[expect(dead_code, reason = "held only to be closed on the reaper thread")] OwnedFd),
+    /// An fd, and the permit of the engine's fd bound it counts in (if any), given back once
+    /// the fd is closed (fields drop in order).
+    Fd(
+        #[expect(dead_code, reason = "held only to be closed on the reaper thread")] OwnedFd,
+        #[expect(dead_code, reason = "given back after the close")] Option<FdPermit>,
+    ),
     Map(#[expect(dead_code, reason = "held only to be unmapped on the reaper thread")] Mmap),
     /// Ends the reaper thread that takes it (one per thread, sent by `ReaperThread::stop`).
     Stop,

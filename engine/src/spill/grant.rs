@@ -24,8 +24,8 @@ use crate::sync;
 enum Life {
     /// The state holds them.
     Held,
-    /// `publish` is renaming them: grants wait for it to end (it rolls back to `Held` when
-    /// nothing moved).
+    /// `publish` is renaming them: grants wait for it to end (it rolls back to `Held` when it
+    /// fails: it moves back whatever it had moved first).
     Publishing,
     /// They went to the caller by `publish`.
     Published,
@@ -147,8 +147,9 @@ impl<T> Grants<T> {
         Ok(std::mem::take(&mut o.entries))
     }
 
-    /// Ends a publish that moved nothing: the files are held again, unless the scope closed
-    /// meanwhile: then they are handed back (to delete) and gone.
+    /// Ends a publish that failed (any file it moved was moved back first): the files are held
+    /// again, unless the scope closed meanwhile: then they are handed back (to delete) and
+    /// gone.
     pub(crate) fn roll_back_publish(&self, entries: Vec<T>) -> Option<Vec<T>> {
         let mut o = self.owned.lock();
         let back = if self.is_aborted() {
@@ -184,6 +185,9 @@ pub(crate) struct StateInner {
     /// Its id in the scope's registry (stored right after registration).
     scope_id: AtomicU64,
     pub(crate) bytes: u64,
+    /// Records in the state, and their payload bytes (the writer's counts at `finish`).
+    pub(crate) records: u64,
+    pub(crate) payload: u64,
     /// Live mappings per segment (a mapping lives while any `Bytes` into it does): a mapped
     /// segment never goes back to the pool. One allocation for all segments.
     pub(crate) maps: Arc<[AtomicUsize]>,
@@ -262,6 +266,8 @@ impl StateInner {
     pub(crate) fn new(task: Arc<TaskShared>, lane: usize, entries: Vec<SegmentEntry>) -> Self {
         StateInner {
             bytes: entries.iter().map(|e| e.len).sum(),
+            records: 0,
+            payload: 0,
             segments: entries.len(),
             maps: entries.iter().map(|_| AtomicUsize::new(0)).collect(),
             files: Grants::new(entries),
@@ -295,6 +301,16 @@ impl StateInner {
 }
 
 impl Member for StateInner {
+    fn usage(&self) -> crate::spill::task::SpillUsage {
+        let (files, bytes) = self.files.with_entries(|es| {
+            (
+                es.len() as u64,
+                es.iter().map(|e| e.len.max(e.allocated)).sum(),
+            )
+        });
+        crate::spill::task::SpillUsage::of_state(files, bytes)
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.close() else {
             return;

@@ -1,9 +1,11 @@
 //! The user's stages of a spill: the task's scope ([`task`]), the writer ([`writer`]), the
 //! grants on a finished spill's files ([`grant`]) and the state that holds them ([`state`]),
-//! and the reader ([`reader`]).
+//! the reader ([`reader`]), and the reader of a published file without an engine
+//! ([`segment_reader`]).
 
 pub(crate) mod grant;
 pub(crate) mod reader;
+pub(crate) mod segment_reader;
 pub(crate) mod state;
 pub(crate) mod task;
 pub(crate) mod writer;

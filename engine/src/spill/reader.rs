@@ -30,19 +30,21 @@
 //! (`Bytes::copy_from_slice`) inside a `SIGBUS` handler's protection or read published files
 //! with plain `read` instead of through the engine.
 
+use std::future::poll_fn;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{Reaped, Reaper};
+use crate::io::{Offloaded, Reaped, Reaper};
 use crate::metrics::Counters;
-use crate::spill::grant::{Grant, open_error};
+use crate::spill::grant::{Grant, StateInner, open_error};
 use crate::store::dir::TaskDir;
 
 /// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
@@ -84,7 +86,28 @@ struct Mapped {
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
-/// reader releases it.
+/// reader releases it. Also an [`Iterator`] of `Result<Bytes>`.
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-reader-{}", std::process::id()));
+/// # let engine = Engine::open(EngineConfig::new(&root))?;
+/// # let task = engine.task("t")?;
+/// # let mut w = task.writer()?;
+/// # w.write_all((0..3u8).map(|i| vec![i; 10]))?;
+/// # let state = w.finish()?;
+/// let mut r = state.reader()?;
+/// while let Some(rec) = r.next_record()? {
+///     assert_eq!(rec.len(), 10); // CRC checked; zero-copy for a mapped segment
+/// }
+/// // Or as an iterator, which ends after the first error.
+/// let recs: Vec<Bytes> = state.reader()?.collect::<spillring::Result<_>>()?;
+/// assert_eq!(recs.len(), 3);
+/// # drop((r, recs, state, task, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 ///
 /// Records are zero-copy `Bytes` into a mapping of the segment file: see the module docs for
 /// the two ways reading one can raise `SIGBUS` (a media error, or a file shrunk under live
@@ -95,6 +118,8 @@ pub struct SpillReader {
     next_seg: usize,
     /// The iterator returned an error: it ends there (`next` gives `None` from then on).
     iter_failed: bool,
+    /// Async reads: the open of segment `.0` running on the offload pool (read-ahead).
+    ahead: Option<(usize, Offloaded<Result<Mapped>>)>,
     grant: Grant,
 }
 
@@ -137,6 +162,7 @@ impl SpillReader {
             cur: None,
             next_seg: 0,
             iter_failed: false,
+            ahead: None,
             grant,
         }
     }
@@ -149,25 +175,10 @@ impl SpillReader {
             return Err(self.aborted());
         }
         loop {
-            let state = &self.grant.0;
-            if let Some(m) = self.cur.as_mut() {
-                match segment::next_frame(&m.bytes, m.off, m.end, m.generation) {
-                    Ok(Some(f)) => {
-                        m.off = f.end;
-                        let c = &state.core().counters;
-                        Counters::add(&c.bytes_read, (f.end - f.start) as u64);
-                        Counters::add(&c.records_read, 1);
-                        return Ok(Some(m.bytes.slice(f.start..f.end)));
-                    }
-                    Ok(None) => self.cur = None,
-                    Err(d) => {
-                        return Err(SpillError::Corrupt {
-                            path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
-                            segment: m.seg,
-                            offset: d.offset,
-                            detail: d.detail,
-                        });
-                    }
+            if self.cur.is_some() {
+                match self.next_in_current() {
+                    Some(r) => return r,
+                    None => self.cur = None,
                 }
             }
             if self.next_seg >= self.grant.0.segment_count() {
@@ -175,6 +186,89 @@ impl SpillReader {
             }
             self.cur = Some(self.open(self.next_seg)?);
             self.next_seg += 1;
+        }
+    }
+
+    /// The async form of [`SpillReader::next_record`]: opening a segment (the `open`, `pread`
+    /// or `mmap`, and the page faults of a cold map, taken by touching each page) runs on the
+    /// engine's offload pool, never in a poll, and the next segment is opened there while this
+    /// one is read (read-ahead: a reader holds at most two segments then).
+    ///
+    /// Dropping the future leaves the reader usable: an open under way ends on its own and is
+    /// used by the next call if it is still the segment needed.
+    pub async fn next_record_async(&mut self) -> Result<Option<Bytes>> {
+        poll_fn(|cx| self.poll_next_record(cx)).await
+    }
+
+    fn poll_next_record(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
+        if self.grant.0.is_aborted() {
+            self.ahead = None;
+            return Poll::Ready(Err(self.aborted()));
+        }
+        loop {
+            if self.cur.is_some() {
+                match self.next_in_current() {
+                    Some(r) => return Poll::Ready(r),
+                    None => self.cur = None,
+                }
+            }
+            if self.next_seg >= self.grant.0.segment_count() {
+                return Poll::Ready(Ok(None));
+            }
+            if self.ahead.as_ref().is_none_or(|(i, _)| *i != self.next_seg) {
+                self.ahead = Some((self.next_seg, self.open_ahead(self.next_seg)));
+            }
+            let Some((_, job)) = self.ahead.as_mut() else {
+                return Poll::Ready(Err(SpillError::Closed { what: "reader" }));
+            };
+            let opened = match job.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r,
+            };
+            self.ahead = None;
+            match opened {
+                Ok(m) => self.cur = Some(m),
+                Err(e) if e.is_aborted() => return Poll::Ready(Err(self.aborted())),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            self.next_seg += 1;
+            if self.next_seg < self.grant.0.segment_count() {
+                self.ahead = Some((self.next_seg, self.open_ahead(self.next_seg)));
+            }
+        }
+    }
+
+    /// Starts opening segment `i` on the offload pool. The job holds a grant of its own, so
+    /// the files stay while it maps and touches them even if this reader goes meanwhile.
+    fn open_ahead(&self, i: usize) -> Offloaded<Result<Mapped>> {
+        let state = self.grant.0.clone();
+        state.files.add();
+        let grant = Grant(state);
+        self.grant.0.core().io.offload().run(move || {
+            let r = open_segment(&grant.0, i, true);
+            drop(grant);
+            r
+        })
+    }
+
+    /// The next frame of the current segment: `None` at its end (or with no current segment).
+    fn next_in_current(&mut self) -> Option<Result<Option<Bytes>>> {
+        let m = self.cur.as_mut()?;
+        match segment::next_frame(&m.bytes, m.off, m.end, m.generation) {
+            Ok(Some(f)) => {
+                m.off = f.end;
+                let c = &self.grant.0.core().counters;
+                Counters::add(&c.bytes_read, (f.end - f.start) as u64);
+                Counters::add(&c.records_read, 1);
+                Some(Ok(Some(m.bytes.slice(f.start..f.end))))
+            }
+            Ok(None) => None,
+            Err(d) => Some(Err(SpillError::Corrupt {
+                path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
+                segment: m.seg,
+                offset: d.offset,
+                detail: d.detail,
+            })),
         }
     }
 
@@ -186,98 +280,122 @@ impl SpillReader {
 
     /// Maps segment `i` (its written length only) and checks its header.
     fn open(&mut self, i: usize) -> Result<Mapped> {
-        let state = &self.grant.0;
-        if state.is_aborted() {
-            return Err(self.aborted());
-        }
-        // Gone only through an abort: a reader's grant keeps the files otherwise.
-        let Some((dir, seg, written, generation)) = state.segment(i) else {
-            return Err(self.aborted());
-        };
-        let name = SegmentFileName::new(seg);
-        let path = || dir.path.join(name.as_str());
-        let task_plan = state.task().fault_plan();
-        let _ = crate::fault::check2(
-            task_plan.as_ref(),
-            &state.core().fault,
-            crate::fault::FaultPoint::ReaderOpen,
-        );
-        let fd = match crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()) {
-            Ok(fd) => fd,
-            Err(e) => {
-                let err = open_error(state, path(), e);
-                if err.is_aborted() {
-                    return Err(self.aborted());
-                }
-                return Err(err);
-            }
-        };
-        let corrupt = |offset, detail| SpillError::Corrupt {
-            path: path(),
-            segment: seg,
-            offset,
-            detail,
-        };
-        let file = std::fs::File::from(fd);
-        let end = usize::try_from(written)
-            .map_err(|_| corrupt(0, "segment larger than the address space"))?;
-        let core = state.core();
-        // A truncated file is read (or mapped) as far as it goes: records before the cut are
-        // returned, the one crossing it is reported at its offset.
-        let bytes = if end <= core.cfg.read_buffer_max {
-            // One pread of the written length; a short read is a truncated file (no fstat).
-            let mut buf = vec![0u8; end];
-            let got = read_up_to(&file, &mut buf).map_err(|e| SpillError::io("read", path(), e))?;
-            if got < HEADER_LEN {
-                return Err(corrupt(got as u64, "segment truncated inside its header"));
-            }
-            buf.truncate(got);
-            Bytes::from(buf)
-        } else {
-            let size = file
-                .metadata()
-                .map_err(|e| SpillError::io("stat", path(), e))?
-                .len();
-            let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
-            if len < HEADER_LEN {
-                return Err(corrupt(size, "segment truncated inside its header"));
-            }
-            // See the module docs: the file is private, opened without following links, and
-            // never written or truncated by the engine while a mapping of it is alive (a
-            // mapped segment does not go back to the pool); the map covers only bytes that
-            // exist (`len <= size`).
-            let map = crate::sys::mem::map_segment(file.as_fd(), len)
-                .map_err(|e| SpillError::io("mmap", path(), e))?;
-            // Sequential doubles the readahead window. (WillNeed on the whole segment was
-            // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
-            let _ = map.advise(Advice::Sequential);
-            if let Some(c) = state.maps.get(i) {
-                c.fetch_add(1, Ordering::AcqRel);
-            }
-            Bytes::from_owner(MapOwner {
-                map: Some(map),
-                reaper: core.io.reaper().clone(),
-                maps: state.maps.clone(),
-                index: i,
-            })
-        };
-        drop(file);
-        let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;
-        if hdr.segment != seg || hdr.engine != core.id {
-            return Err(corrupt(0, "header names another segment or engine"));
-        }
-        if hdr.generation != generation {
-            return Err(corrupt(0, "header is of another use of this file"));
-        }
-        Ok(Mapped {
-            bytes,
-            off: HEADER_LEN,
-            end,
-            seg,
-            generation,
-            dir,
-        })
+        open_segment(&self.grant.0, i, false)
+            .map_err(|e| if e.is_aborted() { self.aborted() } else { e })
     }
+}
+
+/// Opens segment `i` of `state`: one `pread` into a buffer of its own, or a map of its written
+/// length; checks its header. `warm` (async reads, on an offload thread) touches every page
+/// of a map, so that the caller's thread takes no page fault of a cold map. An abort is
+/// `Aborted` (the caller counts it).
+fn open_segment(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
+    if state.is_aborted() {
+        return Err(SpillError::Aborted);
+    }
+    // Gone only through an abort: a reader's grant keeps the files otherwise.
+    let Some((dir, seg, written, generation)) = state.segment(i) else {
+        return Err(SpillError::Aborted);
+    };
+    let name = SegmentFileName::new(seg);
+    let path = || dir.path.join(name.as_str());
+    let task_plan = state.task().fault_plan();
+    let _ = crate::fault::check2(
+        task_plan.as_ref(),
+        &state.core().fault,
+        crate::fault::FaultPoint::ReaderOpen,
+    );
+    // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
+    let opened = state
+        .core()
+        .io
+        .fds()
+        .open_with(|| crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()));
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(e) => {
+            return Err(open_error(state, path(), e));
+        }
+    };
+    let corrupt = |offset, detail| SpillError::Corrupt {
+        path: path(),
+        segment: seg,
+        offset,
+        detail,
+    };
+    let file = std::fs::File::from(fd);
+    let end = usize::try_from(written)
+        .map_err(|_| corrupt(0, "segment larger than the address space"))?;
+    let core = state.core();
+    // A truncated file is read (or mapped) as far as it goes: records before the cut are
+    // returned, the one crossing it is reported at its offset.
+    let bytes = if end <= core.cfg.read_buffer_max {
+        // One pread of the written length; a short read is a truncated file (no fstat).
+        let mut buf = vec![0u8; end];
+        let got = read_up_to(&file, &mut buf).map_err(|e| SpillError::io("read", path(), e))?;
+        if got < HEADER_LEN {
+            return Err(corrupt(got as u64, "segment truncated inside its header"));
+        }
+        buf.truncate(got);
+        Bytes::from(buf)
+    } else {
+        let size = file
+            .metadata()
+            .map_err(|e| SpillError::io("stat", path(), e))?
+            .len();
+        let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
+        if len < HEADER_LEN {
+            return Err(corrupt(size, "segment truncated inside its header"));
+        }
+        // See the module docs: the file is private, opened without following links, and
+        // never written or truncated by the engine while a mapping of it is alive (a
+        // mapped segment does not go back to the pool); the map covers only bytes that
+        // exist (`len <= size`).
+        let map = crate::sys::mem::map_segment(file.as_fd(), len)
+            .map_err(|e| SpillError::io("mmap", path(), e))?;
+        // Sequential doubles the readahead window. (WillNeed on the whole segment was
+        // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
+        let _ = map.advise(Advice::Sequential);
+        if warm {
+            touch_pages(&map);
+        }
+        if let Some(c) = state.maps.get(i) {
+            c.fetch_add(1, Ordering::AcqRel);
+        }
+        Bytes::from_owner(MapOwner {
+            map: Some(map),
+            reaper: core.io.reaper().clone(),
+            maps: state.maps.clone(),
+            index: i,
+        })
+    };
+    drop(file);
+    let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;
+    if hdr.segment != seg || hdr.engine != core.id {
+        return Err(corrupt(0, "header names another segment or engine"));
+    }
+    if hdr.generation != generation {
+        return Err(corrupt(0, "header is of another use of this file"));
+    }
+    Ok(Mapped {
+        bytes,
+        off: HEADER_LEN,
+        end,
+        seg,
+        generation,
+        dir,
+    })
+}
+
+/// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
+/// thread): the page faults of a cold map are taken here, so the reader's caller finds the
+/// pages resident.
+fn touch_pages(map: &[u8]) {
+    let mut acc = 0u8;
+    for i in (0..map.len()).step_by(4096) {
+        acc ^= map[i];
+    }
+    std::hint::black_box(acc);
 }
 
 /// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.

@@ -161,6 +161,11 @@ impl Ledger {
 }
 
 impl Ticket {
+    /// Bytes of quota this ticket holds (whole pages).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.pages * PAGE
+    }
+
     /// Shrinks the quota this ticket holds to what its sealed file really uses.
     pub(crate) fn shrink_to(&mut self, bytes: u64) {
         let want = pages(bytes);

@@ -60,6 +60,27 @@ pub(crate) fn renameat_noreplace(
     )?)
 }
 
+/// Whether `name` exists in `dir` (not following a symlink, so a dangling link exists too):
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`, `Ok(false)` on `ENOENT`.
+pub(crate) fn exists_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The device and inode numbers of `fd` (`fstat`): the device tells two filesystems apart.
+pub(crate) fn dev_ino(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// `fchmod(fd, mode)`: sets the permission bits (the umask does not apply).
+pub(crate) fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?)
+}
+
 /// `flock(fd, LOCK_EX | LOCK_NB)`: `Ok(true)` if taken, `Ok(false)` if another open file
 /// description holds it (`EWOULDBLOCK`).
 pub(crate) fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
@@ -155,6 +176,14 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
         unlinkat(d, c"sub", true).unwrap();
+        // A dangling symlink is a name that exists.
+        assert!(!exists_at(d, c"link").unwrap());
+        std::os::unix::fs::symlink(t.path().join("nowhere"), t.path().join("link")).unwrap();
+        assert!(exists_at(d, c"link").unwrap());
+        unlinkat(d, c"link", false).unwrap();
+        assert!(exists_at(d, c"f").unwrap());
+        let e = exists_at(d, c"f/x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
         renameat_noreplace(d, c"f", d, c"g").unwrap();
         let mut names = list_dir(t.path()).unwrap();
         names.sort();
@@ -193,5 +222,11 @@ mod tests {
         }
         ftruncate(f.as_fd(), 100).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 100);
+        fchmod(f.as_fd(), 0o640).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o7777, 0o640);
+        let (dev, ino) = dev_ino(f.as_fd()).unwrap();
+        let m = f.metadata().unwrap();
+        assert_eq!((dev, ino), (m.dev(), m.ino()));
     }
 }

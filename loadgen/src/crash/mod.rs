@@ -356,27 +356,23 @@ fn execute(
         }
         Err(e) => st.bad("check", format!("scan: {e}"), root.display().to_string()),
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let fds = loop {
-        match check::leaked_fds(fds_before) {
-            Ok(f) if !f.is_empty() && Instant::now() <= deadline => {}
-            Ok(f) => break f,
+    let fds =
+        match check::poll_until_empty(Duration::from_secs(2), || check::leaked_fds(fds_before)) {
+            Ok(f) => f,
             Err(e) => {
                 st.bad(
                     "check",
                     format!("the fd leak check cannot run: {e}"),
                     check::PROC_FDS.into(),
                 );
-                break Vec::new();
+                Vec::new()
             }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+        };
     for f in fds {
         leaks.fds += 1;
         st.bad("leak", format!("fd leaked: {f}"), check::PROC_FDS.into());
     }
-    match check::spill_maps(root) {
+    match check::poll_until_empty(Duration::from_secs(2), || check::spill_maps(root)) {
         Ok(maps) => {
             for l in maps {
                 leaks.maps += 1;
@@ -397,15 +393,7 @@ fn execute(
     latency.insert("sweep", summarize(&sweep));
     let passed = st.count == 0 && leaks.total() == 0 && bystander_ok;
     Ok(CrashReport {
-        kind: "crash",
-        name: a.name.clone(),
-        loadgen_version: env!("CARGO_PKG_VERSION"),
-        seed,
-        commit: crate::report::commit().to_owned(),
-        command: std::env::args().collect(),
-        machine: crate::report::machine(root.parent().unwrap_or(root)),
-        root: root.to_path_buf(),
-        config: a.workload.clone(),
+        head: crate::report::ReportHead::new("crash", &a.name, seed, root, &a.workload),
         backend_requested: a.workload.backend,
         backend: backends.into_iter().collect::<Vec<_>>().join(","),
         elapsed_secs: start.elapsed().as_secs_f64(),

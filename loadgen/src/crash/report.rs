@@ -1,25 +1,17 @@
 //! The report of a crash series: the JSON report and the printed summary.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::args::{Backend, Workload};
-use crate::report::{Leaks, Machine, lat_cell, table};
+use crate::args::Backend;
+use crate::report::{Leaks, ReportHead, lat_cell, table};
 use crate::stats::{LatSummary, Violation};
 
 #[derive(Debug, Serialize)]
 pub struct CrashReport {
-    pub kind: &'static str,
-    pub name: String,
-    pub loadgen_version: &'static str,
-    pub seed: u64,
-    pub commit: String,
-    pub command: Vec<String>,
-    pub machine: Machine,
-    pub root: PathBuf,
-    pub config: Workload,
+    #[serde(flatten)]
+    pub head: ReportHead,
     /// `--backend`: `auto`, or the backend that had to run.
     pub backend_requested: Backend,
     /// The backend the engines that swept after each kill ran on ("io_uring" or "psync").
@@ -57,8 +49,8 @@ pub struct KillReport {
 
 pub(super) fn summary(r: &CrashReport) -> String {
     let rows = vec![
-        ("seed".to_string(), r.seed.to_string()),
-        ("commit".into(), r.commit.clone()),
+        ("seed".to_string(), r.head.seed.to_string()),
+        ("commit".into(), r.head.commit.clone()),
         (
             "backend".into(),
             format!(
@@ -95,5 +87,5 @@ pub(super) fn summary(r: &CrashReport) -> String {
             },
         ),
     ];
-    table(&format!("loadgen crash `{}`", r.name), &rows)
+    table(&format!("loadgen crash `{}`", r.head.name), &rows)
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -308,11 +308,9 @@ fn check_root_after_shutdown(stats: &Stats, w: &Workload, root: &Path, leaks: &m
 /// No fd the process did not have at start may be open (the reaper may close the last fds a
 /// moment after the engine is gone).
 fn check_fds(stats: &Stats, fds_before: &BTreeMap<i32, String>, leaks: &mut Leaks) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let fds = loop {
-        match check::leaked_fds(fds_before) {
-            Ok(f) if !f.is_empty() && Instant::now() <= deadline => {}
-            Ok(f) => break f,
+    let fds =
+        match check::poll_until_empty(Duration::from_secs(2), || check::leaked_fds(fds_before)) {
+            Ok(f) => f,
             Err(e) => {
                 bad(
                     stats,
@@ -320,11 +318,9 @@ fn check_fds(stats: &Stats, fds_before: &BTreeMap<i32, String>, leaks: &mut Leak
                     format!("the fd leak check cannot run: {e}"),
                     check::PROC_FDS.into(),
                 );
-                break Vec::new();
+                Vec::new()
             }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+        };
     for f in &fds {
         leaks.fds += 1;
         bad(
@@ -338,22 +334,17 @@ fn check_fds(stats: &Stats, fds_before: &BTreeMap<i32, String>, leaks: &mut Leak
 
 /// No segment under the root may still be mapped.
 fn check_maps(stats: &Stats, root: &Path, leaks: &mut Leaks) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let maps = loop {
-        match check::spill_maps(root) {
-            Ok(m) if !m.is_empty() && Instant::now() <= deadline => {}
-            Ok(m) => break m,
-            Err(e) => {
-                bad(
-                    stats,
-                    "check",
-                    format!("the map leak check cannot run: {e}"),
-                    check::PROC_MAPS.into(),
-                );
-                break Vec::new();
-            }
+    let maps = match check::poll_until_empty(Duration::from_secs(2), || check::spill_maps(root)) {
+        Ok(m) => m,
+        Err(e) => {
+            bad(
+                stats,
+                "check",
+                format!("the map leak check cannot run: {e}"),
+                check::PROC_MAPS.into(),
+            );
+            Vec::new()
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
     for l in maps {
         leaks.maps += 1;

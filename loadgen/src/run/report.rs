@@ -2,7 +2,7 @@
 //! report built from them and from the checks ([`build`]), and the printed summary.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -12,22 +12,15 @@ use spillring::{Metrics, ShutdownReport};
 use super::drain::{AfterEngine, Checked};
 use super::drive::Driven;
 use super::setup::Setup;
-use crate::args::{AbortPoint, Backend, RunArgs, Workload};
-use crate::report::{self, Leaks, Machine, lat_cell, mib, table};
+use crate::args::{AbortPoint, Backend, RunArgs};
+use crate::report::{self, Leaks, ReportHead, lat_cell, mib, table};
 use crate::stats::{Counters, LatSummary, Violation, summarize};
 
 /// The JSON report of a run.
 #[derive(Debug, Serialize)]
 pub struct RunReport {
-    pub kind: &'static str,
-    pub name: String,
-    pub loadgen_version: &'static str,
-    pub seed: u64,
-    pub commit: String,
-    pub command: Vec<String>,
-    pub machine: Machine,
-    pub root: PathBuf,
-    pub config: Workload,
+    #[serde(flatten)]
+    pub head: ReportHead,
     pub engine_id: String,
     /// `--backend`: `auto`, or the backend that had to run.
     pub backend_requested: Backend,
@@ -218,15 +211,7 @@ pub(super) fn build(
     let mut ops = t.ops;
     ops.records_outliving_engine = after.survivors_checked as u64;
     RunReport {
-        kind: "run",
-        name: a.name.clone(),
-        loadgen_version: env!("CARGO_PKG_VERSION"),
-        seed,
-        commit: report::commit().to_owned(),
-        command: std::env::args().collect(),
-        machine: report::machine(root.parent().unwrap_or(root)),
-        root: root.to_path_buf(),
-        config: w.clone(),
+        head: report::ReportHead::new("run", &a.name, seed, root, w),
         engine_id: t.engine_id,
         backend_requested: w.backend,
         backend: t.backend,
@@ -261,15 +246,15 @@ pub(super) fn build(
 
 pub(super) fn print_summary(r: &RunReport) -> String {
     let mut rows: Vec<(String, String)> = vec![
-        ("seed".into(), r.seed.to_string()),
-        ("commit".into(), r.commit.clone()),
+        ("seed".into(), r.head.seed.to_string()),
+        ("commit".into(), r.head.commit.clone()),
         (
             "backend / mode".into(),
             format!(
                 "{} (--backend {}) / {}",
                 r.backend,
                 crate::args::value_name(r.backend_requested),
-                serde_json::to_value(r.config.mode)
+                serde_json::to_value(r.head.config.mode)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default()
@@ -388,5 +373,5 @@ pub(super) fn print_summary(r: &RunReport) -> String {
             rows.push(("violation".into(), v.to_string()));
         }
     }
-    table(&format!("loadgen run `{}`", r.name), &rows)
+    table(&format!("loadgen run `{}`", r.head.name), &rows)
 }

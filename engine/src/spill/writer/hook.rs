@@ -77,10 +77,14 @@ impl<T> AbortableFiles<T> {
     }
 
     /// The writer, after each file creation: records the file and returns its index, or
-    /// gives it back (`Err`) if the hook already ran: then the caller deletes it.
+    /// gives it back (`Err`) if the hook already ran, or if the writer already gave its files
+    /// up (an async rotation that ended on an offload thread after its writer failed or was
+    /// dropped): then the caller deletes it.
     pub(super) fn record(&self, t: T) -> std::result::Result<usize, T> {
         let mut l = self.list.lock();
-        if self.hook_ran(&l) && !cfg!(feature = "broken-skip-abort-check") {
+        if (self.hook_ran(&l) && !cfg!(feature = "broken-skip-abort-check"))
+            || l.state == Files::Released
+        {
             return Err(t);
         }
         l.entries.push(t);
@@ -160,6 +164,24 @@ impl OpSink for WriterShared {
 }
 
 impl Member for WriterShared {
+    fn usage(&self) -> crate::spill::task::SpillUsage {
+        let l = self.files.lock();
+        // An open segment's length is set when it is sealed: until then it counts what its
+        // ticket holds (its allocation, or the reservation of a whole segment).
+        let bytes = l
+            .entries
+            .iter()
+            .map(|e| {
+                if e.len > 0 {
+                    e.len.max(e.allocated)
+                } else {
+                    e.reserved()
+                }
+            })
+            .sum();
+        crate::spill::task::SpillUsage::of_writer(l.entries.len() as u64, bytes)
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.abort() else {
             return;

@@ -62,6 +62,10 @@ impl SpillWriter {
         if p.vectored {
             ready_ok!(self.flush_staging(wait, false));
             ready_ok!(self.poll_slot(wait));
+            let file = match self.segment_file() {
+                Ok(f) => f,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
             let Some(seg) = self.seg.as_mut() else {
                 return Poll::Ready(Err(SpillError::WriterFailed));
             };
@@ -70,7 +74,7 @@ impl SpillWriter {
             seg.staged_at = seg.logical;
             let op = Op {
                 kind: OpKind::Write {
-                    file: seg.file.clone(),
+                    file,
                     offset,
                     data: WriteData::Framed {
                         frame: p.frame,
@@ -116,7 +120,9 @@ impl SpillWriter {
         self.seg.as_ref().map_or(0, |s| s.generation)
     }
 
-    pub(super) fn count_record(&self, len: usize) {
+    pub(super) fn count_record(&mut self, len: usize) {
+        self.records += 1;
+        self.bytes_written += len as u64;
         let c = &self.core.counters;
         Counters::add(&c.bytes_written, len as u64);
         Counters::add(&c.records_written, 1);
@@ -132,7 +138,20 @@ impl SpillWriter {
             ready_ok!(self.poll_seal(wait));
         }
         let Some(seg) = &mut self.seg else {
-            return Poll::Ready(self.open_segment(need));
+            return match wait {
+                Wait::Block => Poll::Ready(self.open_segment(need)),
+                Wait::Async(cx) => self.poll_open_segment(need, cx),
+            };
+        };
+        if !seg.file.is_cached() {
+            // Evicted while idle: reopened before any byte of the record is placed, so a
+            // refusal (`TooManyOpenFiles`) leaves the writer usable.
+            if let Err(e) = self.reopen_segment() {
+                return Poll::Ready(Err(e));
+            }
+        }
+        let Some(seg) = &mut self.seg else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
         };
         if seg.logical + need > seg.reserved {
             // Only an empty segment gets here (a dropped `RecordSlot` opened it): the record
@@ -266,6 +285,10 @@ impl SpillWriter {
             return Poll::Ready(Ok(()));
         }
         ready_ok!(self.poll_slot(wait));
+        let file = match self.segment_file() {
+            Ok(f) => f,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         let (Some(mut buf), Some(seg)) = (self.staging.take(), self.seg.as_mut()) else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
@@ -279,7 +302,7 @@ impl SpillWriter {
         seg.staged_at += len as u64;
         let op = Op {
             kind: OpKind::Write {
-                file: seg.file.clone(),
+                file,
                 offset,
                 data: WriteData::Staged(buf),
             },

@@ -5,15 +5,19 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use super::SpillWriter;
+use super::hook::WriterShared;
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
+use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::FileHandle;
+use crate::io::{CachedFile, FdPermit, IoBuf};
 use crate::metrics::Counters;
+use crate::spill::task::TaskShared;
 use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
@@ -26,7 +30,9 @@ pub(super) struct OpenSegment {
     pub(super) allocated: u64,
     /// Bytes of quota the segment's ticket holds.
     pub(super) reserved: u64,
-    pub(super) file: Arc<FileHandle>,
+    /// The segment's fd, which the engine's fd bound may close while it is idle (reopened by
+    /// name for the next write: `reopen.rs`).
+    pub(super) file: CachedFile,
     /// Bytes appended so far (header included): the next record's offset.
     pub(super) logical: u64,
     /// File offset of the staging buffer's first byte.
@@ -71,11 +77,131 @@ struct Created {
 }
 
 impl SpillWriter {
-    /// Creates the next segment: ticket first, then the file, then the abort check under the
-    /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a root's create
-    /// fails with a device error.
+    /// What a rotation needs of this writer, to run here or on an offload thread.
+    fn rotor(&self) -> Rotor {
+        Rotor {
+            core: self.core.clone(),
+            task: self.task.clone(),
+            shared: self.shared.clone(),
+            lane: self.lane,
+            direct: self.direct,
+        }
+    }
+
+    /// Creates the next segment on the caller's thread (the blocking calls): see
+    /// [`Rotor::open`].
     pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
         let reserve = self.segment_reserve(need);
+        let opened = self.rotor().open(reserve)?;
+        self.start_segment(opened)
+    }
+
+    /// The async form of [`SpillWriter::open_segment`]: the rotation (ticket, create or pooled
+    /// reuse, allocation, the abort check, a staging buffer) runs on the engine's offload pool
+    /// and this returns `Pending` until it is done, so an async caller's thread makes none of
+    /// its syscalls. If the future polling this is dropped meanwhile, the rotation still ends
+    /// on the pool thread: a file it records is deleted by the writer's failure (the next use
+    /// of a writer whose future was dropped) or, if the writer already gave up its files, is
+    /// refused by the file list and deleted by the rotation itself.
+    pub(super) fn poll_open_segment(
+        &mut self,
+        need: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        if self.opening.is_none() {
+            let rotor = self.rotor();
+            let reserve = self.segment_reserve(need);
+            self.opening = Some(self.core.io.offload().run(move || {
+                let mut opened = rotor.open(reserve)?;
+                // Mapping a fresh staging buffer is a syscall too (a pooled one is not).
+                opened.buf = rotor.core.io.pool().get().ok();
+                Ok(opened)
+            }));
+        }
+        let Some(job) = self.opening.as_mut() else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let r = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
+        self.opening = None;
+        Poll::Ready(r.and_then(|opened| self.start_segment(opened)))
+    }
+
+    /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
+    /// passes the segment size; whole blocks in direct mode.
+    fn segment_reserve(&self, need: u64) -> u64 {
+        let mut reserve = (HEADER_LEN as u64 + need).max(self.segment_size);
+        if self.direct {
+            reserve = reserve.next_multiple_of(DIRECT_ALIGN as u64);
+        }
+        reserve
+    }
+
+    /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
+    /// its header.
+    fn start_segment(&mut self, o: Opened) -> Result<()> {
+        let file = self
+            .core
+            .io
+            .fds()
+            .install(o.fd, o.permit, self.core.io.reaper().clone());
+        let mut buf = match o.buf {
+            Some(b) => b,
+            None => self
+                .core
+                .io
+                .pool()
+                .get()
+                .map_err(|e| SpillError::io("allocate buffer", "", e))?,
+        };
+        buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));
+        self.staging = Some(buf);
+        self.seg = Some(OpenSegment {
+            entry_index: o.entry_index,
+            allocated: o.allocated,
+            reserved: o.reserve,
+            file,
+            logical: HEADER_LEN as u64,
+            staged_at: 0,
+            generation: o.generation,
+        });
+        Ok(())
+    }
+}
+
+/// What a rotation needs of its writer (shared handles only), so that it can run on an
+/// offload thread while the writer's future is parked.
+pub(super) struct Rotor {
+    core: Arc<Core>,
+    task: Arc<TaskShared>,
+    shared: Arc<WriterShared>,
+    lane: usize,
+    direct: bool,
+}
+
+/// A segment created (or reused), allocated and recorded in the file list: ready to write.
+pub(super) struct Opened {
+    fd: OwnedFd,
+    /// The fd's place in the engine's bound.
+    permit: FdPermit,
+    seg: u32,
+    entry_index: usize,
+    /// Bytes allocated to the file (direct mode, `preallocate`), 0 if none.
+    allocated: u64,
+    /// Bytes of quota its ticket holds.
+    reserve: u64,
+    generation: u32,
+    /// A staging buffer taken on the offload thread (async rotations only).
+    buf: Option<IoBuf>,
+}
+
+impl Rotor {
+    /// Creates the next segment: ticket first, then the file, then the abort check under the
+    /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
+    /// root's create fails with a device error.
+    pub(super) fn open(&self, reserve: u64) -> Result<Opened> {
+        // The new segment's fd counts in the engine's bound: taken first (waits at the bound;
+        // an async rotation waits on the offload thread).
+        let permit = self.core.io.fds().permit();
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
@@ -88,17 +214,16 @@ impl SpillWriter {
         };
         let (seg, allocated, generation) = (made.r.seg, made.allocated, made.generation);
         let (entry_index, fd) = self.record_segment(made)?;
-        self.start_segment(fd, seg, entry_index, allocated, reserve, generation)
-    }
-
-    /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
-    /// passes the segment size; whole blocks in direct mode.
-    fn segment_reserve(&self, need: u64) -> u64 {
-        let mut reserve = (HEADER_LEN as u64 + need).max(self.segment_size);
-        if self.direct {
-            reserve = reserve.next_multiple_of(DIRECT_ALIGN as u64);
-        }
-        reserve
+        Ok(Opened {
+            fd,
+            permit,
+            seg,
+            entry_index,
+            allocated,
+            reserve,
+            generation,
+            buf: None,
+        })
     }
 
     /// One attempt, on the root `Core::pick_root` gives: the directory, the ticket and segment
@@ -140,7 +265,8 @@ impl SpillWriter {
         let generation = e.generation.wrapping_add(1);
         let name = SegmentFileName::new(e.seg);
         let reopened = e.grow_to(reserve).and_then(|()| {
-            dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct)
+            let fds = core.io.fds();
+            fds.open_with(|| dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct))
                 .map_err(|err| SpillError::io("reopen", e.path(), err))
         });
         let fd = match reopened {
@@ -274,7 +400,11 @@ impl SpillWriter {
         ) {
             Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
             Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
-            _ => dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct),
+            _ => self
+                .core
+                .io
+                .fds()
+                .open_with(|| dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct)),
         };
         match created {
             Ok(fd) => {
@@ -387,38 +517,6 @@ impl SpillWriter {
         }
     }
 
-    /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
-    /// its header.
-    fn start_segment(
-        &mut self,
-        fd: OwnedFd,
-        seg: u32,
-        entry_index: usize,
-        allocated: u64,
-        reserve: u64,
-        generation: u32,
-    ) -> Result<()> {
-        let file = FileHandle::new(fd, self.core.io.reaper().clone());
-        let mut buf = self
-            .core
-            .io
-            .pool()
-            .get()
-            .map_err(|e| SpillError::io("allocate buffer", "", e))?;
-        buf.push(&segment::encode_header(seg, self.core.id, generation));
-        self.staging = Some(buf);
-        self.seg = Some(OpenSegment {
-            entry_index,
-            allocated,
-            reserved: reserve,
-            file,
-            logical: HEADER_LEN as u64,
-            staged_at: 0,
-            generation,
-        });
-        Ok(())
-    }
-
     /// Deletes a file this writer just created and nobody else knows of. Queued like every
     /// other delete (a direct-mode segment is already allocated, and freeing its blocks can
     /// take milliseconds): never on the caller's thread.
@@ -429,48 +527,59 @@ impl SpillWriter {
         let entry = SegmentEntry::new(dir.clone(), seg, ticket);
         delete_segments(&self.core, self.lane, vec![entry]);
     }
-
-    /// Gives back the unused tails of segments allocated up front (direct mode, `preallocate`),
-    /// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
-    /// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
-    /// trim fails keeps its whole ticket: the quota still counts what is allocated.
-    pub(super) fn trim_allocations(&mut self) {
-        for i in 0.. {
-            let target = {
-                let f = self.shared.files.lock();
-                let Some(e) = f.entries.get(i) else { break };
-                (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated))
-            };
-            let Some((dir, seg, len, allocated)) = target else {
-                continue;
-            };
-            // Direct mode padded the last write to whole blocks; a buffered file is exactly
-            // `len` long. Truncating to the size it has frees the blocks allocated past it
-            // (ext4 and tmpfs truncate preallocated blocks even when the size does not change;
-            // punching a hole past the end is a no-op on ext4).
-            let keep = if self.direct { trimmed_len(len) } else { len };
-            let name = SegmentFileName::new(seg);
-            let r = dir::open_write_at(dir.as_fd(), name.as_cstr())
-                .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
-            match r {
-                Ok(()) => {
-                    let mut f = self.shared.files.lock();
-                    if let Some(e) = f.entries.get_mut(i) {
-                        e.allocated = 0;
-                        e.shrink_to(len);
-                    }
-                }
-                // Only disk space is at stake: the reader uses the written length.
-                Err(e) => {
-                    tracing::debug!(error = %e, "trimming a segment failed; keeping its ticket")
-                }
-            }
-        }
-    }
 }
 
 /// What a segment of `len` written bytes keeps on disk after its trim: whole 4 KiB blocks
 /// (direct mode pads its last write to them).
 pub(super) fn trimmed_len(len: u64) -> u64 {
     len.next_multiple_of(DIRECT_ALIGN as u64)
+}
+
+/// Gives back the unused tails of segments allocated up front (direct mode, `preallocate`),
+/// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
+/// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
+/// trim fails keeps its whole ticket: the quota still counts what is allocated.
+pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool) {
+    if !needs_trim(shared) {
+        return;
+    }
+    for i in 0.. {
+        let target = {
+            let f = shared.files.lock();
+            let Some(e) = f.entries.get(i) else { break };
+            (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated))
+        };
+        let Some((dir, seg, len, allocated)) = target else {
+            continue;
+        };
+        // Direct mode padded the last write to whole blocks; a buffered file is exactly
+        // `len` long. Truncating to the size it has frees the blocks allocated past it
+        // (ext4 and tmpfs truncate preallocated blocks even when the size does not change;
+        // punching a hole past the end is a no-op on ext4).
+        let keep = if direct { trimmed_len(len) } else { len };
+        let name = SegmentFileName::new(seg);
+        let r = core
+            .io
+            .fds()
+            .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
+            .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
+        match r {
+            Ok(()) => {
+                let mut f = shared.files.lock();
+                if let Some(e) = f.entries.get_mut(i) {
+                    e.allocated = 0;
+                    e.shrink_to(len);
+                }
+            }
+            // Only disk space is at stake: the reader uses the written length.
+            Err(e) => {
+                tracing::debug!(error = %e, "trimming a segment failed; keeping its ticket")
+            }
+        }
+    }
+}
+
+/// True if a segment of the writer still holds an allocation past its written length.
+pub(super) fn needs_trim(shared: &WriterShared) -> bool {
+    shared.files.lock().entries.iter().any(|e| e.allocated > 0)
 }

@@ -1,5 +1,8 @@
 //! Records filled in place: [`RecordSlot`] and [`SpillWriter::record`].
 
+use std::future::poll_fn;
+use std::task::Poll;
+
 use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
 use crate::format::segment::{self, FRAME_LEN};
@@ -65,6 +68,17 @@ impl RecordSlot<'_> {
     }
 }
 
+impl RecordSlot<'_> {
+    /// The async form of [`RecordSlot::commit`]: an owned slot is written with
+    /// [`SpillWriter::write_async`]; an in-place one never waits.
+    pub async fn commit_async(self) -> Result<()> {
+        match self.kind {
+            SlotKind::Owned(b) => self.w.write_async(b.freeze()).await,
+            kind @ SlotKind::InPlace { .. } => RecordSlot { w: self.w, kind }.commit(),
+        }
+    }
+}
+
 impl std::ops::Deref for RecordSlot<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -98,6 +112,54 @@ impl SpillWriter {
         }
     }
 
+    /// Makes room for an in-place slot of `need` bytes: the segment planned (a rotation if
+    /// needed), a staging buffer with too little room written out. `false`: the slot must be
+    /// an owned buffer (direct mode keeps its writes aligned, so only a full buffer is written
+    /// mid-segment).
+    fn poll_room(&mut self, need: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<bool>> {
+        ready_ok!(self.plan(need as u64, wait));
+        if self.staging.as_ref().is_some_and(|b| b.remaining() < need) {
+            if self.direct {
+                return Poll::Ready(Ok(false));
+            }
+            ready_ok!(self.flush_staging(wait, false));
+        }
+        Poll::Ready(Ok(true))
+    }
+
+    /// The slot in the staging buffer, taking a buffer if the writer has none.
+    fn in_place_slot(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+        if self.staging.is_none() {
+            match self.core.io.pool().get() {
+                Ok(b) => self.staging = Some(b),
+                Err(e) => return Err(self.fail(SpillError::io("allocate buffer", "", e))),
+            }
+        }
+        let at = self.staging.as_ref().map_or(0, |b| b.len);
+        Ok(RecordSlot {
+            w: self,
+            kind: SlotKind::InPlace { at, len },
+        })
+    }
+
+    /// The async form of [`SpillWriter::record`]: a rotation runs on the engine's offload
+    /// pool and a full in-flight budget is awaited, never blocking the thread. Commit the slot
+    /// with [`RecordSlot::commit_async`] (an owned slot's write may rotate too). Dropping the
+    /// future while it waits for a rotation poisons the writer, like a dropped `write_async`.
+    pub async fn record_async(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+        self.check_open()?;
+        check_len(len)?;
+        let need = FRAME_LEN + len;
+        if need > self.core.io.pool().buffer_capacity() {
+            return Ok(self.owned_slot(len));
+        }
+        let r = poll_fn(|cx| self.poll_room(need, &mut Wait::Async(cx))).await;
+        if !self.settle(r)? {
+            return Ok(self.owned_slot(len));
+        }
+        self.in_place_slot(len)
+    }
+
     /// A slot of `len` bytes for the caller to fill in place (serialise a row batch straight
     /// into the engine's buffer), then [`RecordSlot::commit`]. Records that fit a staging
     /// buffer are written with no copy at all; larger ones (and, in direct mode, one that
@@ -111,26 +173,10 @@ impl SpillWriter {
         if need > cap {
             return Ok(self.owned_slot(len));
         }
-        let r = blocking(self.plan(need as u64, &mut Wait::Block));
-        self.settle(r)?;
-        if self.staging.as_ref().is_some_and(|b| b.remaining() < need) {
-            if self.direct {
-                // Direct writes stay aligned: only a full buffer is written mid-segment.
-                return Ok(self.owned_slot(len));
-            }
-            let r = blocking(self.flush_staging(&mut Wait::Block, false));
-            self.settle(r)?;
+        let r = blocking(self.poll_room(need, &mut Wait::Block));
+        if !self.settle(r)? {
+            return Ok(self.owned_slot(len));
         }
-        if self.staging.is_none() {
-            match self.core.io.pool().get() {
-                Ok(b) => self.staging = Some(b),
-                Err(e) => return Err(self.fail(SpillError::io("allocate buffer", "", e))),
-            }
-        }
-        let at = self.staging.as_ref().map_or(0, |b| b.len);
-        Ok(RecordSlot {
-            w: self,
-            kind: SlotKind::InPlace { at, len },
-        })
+        self.in_place_slot(len)
     }
 }
