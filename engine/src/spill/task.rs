@@ -366,3 +366,38 @@ impl TaskSpill {
         self.shared.is_cancelled()
     }
 }
+
+/// What the scope's registry holds through a state's life (cargo-mutants: a state's last
+/// release could skip its unregistration, leaving an entry per state in a long-lived scope,
+/// and no test saw it: the registry is not visible from outside).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn members(t: &TaskSpill) -> usize {
+        t.shared().registry.lock().members.len()
+    }
+
+    #[test]
+    fn a_state_leaves_its_scope_with_its_last_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::EngineConfig::new(dir.path()).backend(crate::BackendKind::Psync);
+        let engine = crate::Engine::open(cfg).unwrap();
+        let task = engine.task("registry").unwrap();
+        let mut w = task.writer().unwrap();
+        assert_eq!(members(&task), 1, "the writer");
+        w.write(bytes::Bytes::from_static(b"record")).unwrap();
+        let st = w.finish().unwrap();
+        assert_eq!(members(&task), 1, "the state, in the writer's place");
+        let r = st.reader().unwrap();
+        let copy = st.clone();
+        drop(st);
+        drop(copy);
+        assert_eq!(members(&task), 1, "a reader's grant keeps it registered");
+        drop(r);
+        assert_eq!(members(&task), 0, "the last grant unregisters it");
+        let w = task.writer().unwrap();
+        drop(w);
+        assert_eq!(members(&task), 0, "a dropped writer unregisters too");
+    }
+}
