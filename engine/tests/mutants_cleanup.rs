@@ -21,6 +21,8 @@ per_backend!(
     trim_pool_deletes_and_counts_every_pooled_file,
     a_failed_record_waits_its_retry_delay_plus_at_most_a_quarter,
     a_sweep_stopped_by_shutdown_is_left_for_the_next_open_not_failed,
+    a_file_gone_between_the_sweeps_readdir_and_unlink_is_no_failure,
+    retries_abandoned_at_shutdown_are_not_counted_as_failures,
 );
 
 const T: Duration = Duration::from_secs(20);
@@ -302,4 +304,104 @@ fn a_sweep_stopped_by_shutdown_is_left_for_the_next_open_not_failed(b: BackendKi
         (1, left as u64),
         "{m:?}"
     );
+}
+
+/// A file of a dead engine's tree disappears between the sweep's readdir and its unlink (staged
+/// with `cleanup::sweep_unlink` as FailAfter(ENOENT): the file goes, the unlink says it was not
+/// there): the sweep goes on, nothing is counted failed or retried, and the tree is gone in one
+/// pass. (cargo-mutants: `remove_tree`'s NotFound guard -> false survived every other test.)
+fn a_file_gone_between_the_sweeps_readdir_and_unlink_is_no_failure(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    dead_engine(dir.path(), 5);
+    let plan = FaultPlan::new(22);
+    plan.arm(
+        FaultPoint::SweepUnlink,
+        spillring::FaultAction::FailAfter(libc::ENOENT),
+        spillring::Trigger::After { skip: 2, times: 1 },
+    );
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            // A failed sweep would wait an hour for its retry: the test would see it.
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    assert!(engine.settle(T), "the sweep did not end");
+    assert_eq!(
+        plan.fired(FaultPoint::SweepUnlink),
+        1,
+        "the race was staged"
+    );
+    let m = engine.metrics();
+    assert_eq!(m.delete_failures, 0, "{m:?}");
+    assert_eq!(engine.cleanup_report().sweeps_pending, 0);
+    // Four files unlinked by the sweep, one found gone; the task directory and the tree too.
+    assert_eq!((m.orphan_files_swept, m.orphan_dirs_swept), (4, 1), "{m:?}");
+    assert_clean(&engine, dir.path());
+}
+
+/// The cleanup worker hands a batch of more than 64 retained names to an I/O lane; a shutdown
+/// lands while that batch runs (each retried unlink takes 30 ms), so the unlinks not started
+/// by its deadline are abandoned: they stay for the next open, and are not delete failures.
+/// (cargo-mutants: the worker's `is_abandoned` guard -> true survived every other test.)
+fn retries_abandoned_at_shutdown_are_not_counted_as_failures(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(23);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("abandoned").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..100u64 {
+        w.write(Bytes::from(record(i, 60 << 10))).unwrap();
+    }
+    let st = w.finish().unwrap();
+    assert_eq!(st.segments(), 100);
+    // Every delete fails, on the normal path and at the worker's first try: 100 retained
+    // names, each waiting an hour for its next try.
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
+    drop((st, task));
+    let deadline = Instant::now() + T;
+    loop {
+        let m = engine.metrics();
+        if m.cleanup_pending == 100 && m.deletes_in_flight == 0 && m.cleanup_retries >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "100 retained names: {m:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let failures = engine.metrics().delete_failures;
+    assert!(failures >= 100, "{:?}", engine.metrics());
+    plan.clear_all();
+    plan.arm(
+        FaultPoint::CleanupUnlink,
+        spillring::FaultAction::Delay(Duration::from_millis(30)),
+        spillring::Trigger::Always,
+    );
+    engine.retry_cleanup_now();
+    wait_for("the retry batch under way", || {
+        plan.fired(FaultPoint::CleanupUnlink) >= 2
+    });
+    let old_dirs = engine.process_dirs();
+    let report = engine.shutdown(Duration::from_millis(50));
+    assert!(!report.drained, "{report:?}");
+    let m = engine.metrics();
+    let retried = m.cleanup_released;
+    assert!(retried < 100, "the batch ended before the shutdown: {m:?}");
+    assert_eq!(
+        m.delete_failures, failures,
+        "unlinks abandoned at the deadline were counted as failures: {m:?}"
+    );
+    assert_eq!(report.cleanup_pending, 100 - retried, "{report:?}");
+    drop(engine);
+    wait_unlocked(&old_dirs);
+    let next = open(dir.path(), b);
+    let m = assert_clean(&next, dir.path());
+    assert_eq!(m.orphan_files_swept, 100 - retried, "{m:?}");
 }
