@@ -96,6 +96,20 @@ pub const DIRECT_ALIGN: usize = 4096;
 
 /// Engine configuration. Build with [`EngineConfig::new`] and the setters; `Engine::open`
 /// validates it and returns [`SpillError::InvalidConfig`] naming the bad field.
+///
+/// ```
+/// use std::time::Duration;
+/// use spillring::{EngineConfig, SpillError, WriteMode};
+/// let cfg = EngineConfig::new("/mnt/disk1/spill")
+///     .add_root("/mnt/disk2/spill")
+///     .mode(WriteMode::Direct)
+///     .max_spill_bytes(64 << 30)
+///     .shutdown_budget(Duration::from_secs(2));
+/// assert!(cfg.validate().is_ok());
+/// // Every bound is checked, and the error names the field.
+/// let bad = EngineConfig::new("/tmp/spill").segment_size(1000).validate();
+/// assert!(matches!(bad, Err(SpillError::InvalidConfig(m)) if m.contains("segment_size")));
+/// ```
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub(crate) roots: Vec<PathBuf>,
@@ -147,6 +161,12 @@ pub const MAX_OPEN_FILES: usize = 1 << 20;
 
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
+    ///
+    /// Roots, as `Engine::open` treats them: a missing root is created with its missing
+    /// parents (and what it created is removed at shutdown if empty); a root that is not a
+    /// directory fails the open ([`SpillError::RootNotADirectory`]); a root that fails with
+    /// an OS error (read-only, no permission, a device error) is skipped for the engine's life
+    /// if another root works (a warning, and the `roots_unusable` metric).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         EngineConfig {
             roots: vec![root.into()],
@@ -193,15 +213,28 @@ impl EngineConfig {
     }
 
     /// Most segment files on disk that the engine must still delete (one ticket each). A create
-    /// past it fails with [`SpillError::LedgerFull`]. Default 65,536. Bounds: 1..=16,777,216.
+    /// past it fails with [`SpillError::LedgerFull`], or [`SpillError::WriterCannotFit`] when
+    /// the writer's own segments hold every ticket (it can never get another: with
+    /// `ticket_capacity(1)` a writer never gets a second segment). Pooled segment files hold
+    /// tickets too and are deleted first. Default 65,536. Bounds: 1..=16,777,216.
     pub fn ticket_capacity(mut self, tickets: usize) -> Self {
         self.ticket_capacity = tickets;
         self
     }
 
     /// Most bytes live segments may hold on disk, checked when a segment is reserved. Past it,
-    /// [`SpillError::QuotaExceeded`]. Default: unlimited. Bounds: at least one segment size
-    /// (64 KiB with the default segment size, which follows a smaller quota).
+    /// [`SpillError::QuotaExceeded`], or [`SpillError::WriterCannotFit`] when the writer's own
+    /// segments and the one it asks for pass it. Default: unlimited. Bounds: at least one
+    /// segment size (64 KiB with the default segment size, which follows a smaller quota).
+    ///
+    /// The reservation rule: every open writer's current segment reserves a whole
+    /// `segment_size` of quota (whole blocks in direct mode), from its first record until it
+    /// is sealed; a sealed segment then holds its written bytes (in direct mode and with
+    /// `preallocate`, its allocation until `finish` trims it). So `max_spill_bytes` below
+    /// `open writers × segment_size` refuses writers while little is written: with
+    /// `max_spill_bytes == segment_size`, a second writer's 100-byte record is refused while
+    /// the first is open, and one writer never gets a second segment. Size the quota as at
+    /// least `(concurrent writers + 1) × segment_size`, or lower `segment_size`.
     pub fn max_spill_bytes(mut self, bytes: u64) -> Self {
         self.max_spill_bytes = Some(bytes);
         self

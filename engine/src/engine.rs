@@ -84,6 +84,8 @@ impl EngineInner {
                 let _ = dir::unlink_at(pfd.as_fd(), &cname, true);
             }
         }
+        // And the roots the open created, when empty.
+        proc::remove_created(core.store.roots.created());
         // The final closes of deleted files free their blocks: wait for them within the
         // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
         let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
@@ -152,7 +154,32 @@ pub struct ShutdownReport {
     pub orphan_sweeps_left: u64,
 }
 
-/// The spill engine. Cheap to clone (clones share one engine); `Send + Sync`.
+/// The spill engine. Cheap to clone (clones share one engine); `Send + Sync`. One per
+/// process, shared by every worker. Dropping the last handle (engine, task, writer, state or
+/// reader) runs a bounded shutdown (`EngineConfig::shutdown_budget`, 5 s by default): it
+/// never hangs on a slow device, and what it could not delete the next open sweeps.
+///
+/// ```
+/// use std::time::Duration;
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-engine-{}", std::process::id()));
+/// let engine = Engine::open(EngineConfig::new(&root))?;
+/// let task = engine.task("job-1")?;
+/// let mut w = task.writer()?;
+/// w.write(Bytes::from_static(b"row batch"))?;
+/// let state = w.finish()?;
+/// assert_eq!(state.records(), 1);
+/// drop(state);
+/// task.close();
+/// let m = engine.metrics();
+/// assert_eq!(m.records_written, 1);
+/// println!("{}", m.to_prometheus());
+/// let report = engine.shutdown(Duration::from_secs(1));
+/// assert!(report.drained);
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
@@ -177,46 +204,67 @@ impl Engine {
         self.inner.core.io.pool()
     }
 
-    /// Validates `cfg`, creates and locks this engine's directory under every root, claims
-    /// the directories of dead engines for background deletion, probes io_uring (falling back
-    /// to psync under `BackendKind::Auto`), and starts the engine's threads.
+    /// Validates `cfg`, creates and locks this engine's directory under every root, probes
+    /// io_uring (falling back to psync under `BackendKind::Auto`), starts the engine's
+    /// threads, and claims the directories of dead engines for background deletion.
+    ///
+    /// Roots: a missing root is created with its missing parents (what was created is removed
+    /// at shutdown if it is empty then); a root that is not a directory fails the open with
+    /// [`SpillError::RootNotADirectory`], even if other roots work (a configuration error); a
+    /// root that fails with an OS error (read-only, no permission, a device error) is skipped
+    /// for this engine's life, with a warning through `tracing` and the `roots_unusable`
+    /// metric, if another root works; if none works, the open fails with the first root's
+    /// error. A failed open leaves nothing behind: no process directory, no created root, and
+    /// the directories of dead engines where they were.
+    ///
+    /// ```no_run
+    /// use spillring::{Engine, EngineConfig, WriteMode};
+    /// # fn main() -> spillring::Result<()> {
+    /// let engine = Engine::open(
+    ///     EngineConfig::new("/mnt/disk1/spill")
+    ///         .add_root("/mnt/disk2/spill")
+    ///         .mode(WriteMode::Direct),
+    /// )?;
+    /// assert_eq!(engine.process_dirs().len() as u64 + engine.metrics().roots_unusable, 2);
+    /// # Ok(()) }
+    /// ```
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
         let cfg = cfg.resolved();
         cfg.check()?;
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
-        let (id, proc_dirs, claimed) = claim_roots(&cfg, &reaper)?;
-        // A failure from here on must not leave our directories behind. (One that holds a dead
-        // engine's directory claimed meanwhile stays: it is not empty, its lock dies with this
-        // call, and the next open on the root sweeps it.)
-        let remove_ours = |proc_dirs: &[Arc<ProcDir>]| {
-            for pd in proc_dirs {
-                let _ = std::fs::remove_dir(&pd.path);
-            }
-        };
+        let opened = open_roots(&cfg, &reaper)?;
+        // A failure from here on must not leave our directories behind: nothing of a dead
+        // engine was moved into them yet (that comes last), so they are empty.
         if cfg.mode == WriteMode::Direct
-            && let Err(e) = probe_direct(&proc_dirs)
+            && let Err(e) = probe_direct(&opened.proc_dirs)
         {
-            remove_ours(&proc_dirs);
+            opened.undo();
             return Err(e);
         }
         let io = match start_io(&cfg, &reaper) {
             Ok(io) => io,
             Err(e) => {
-                remove_ours(&proc_dirs);
+                opened.undo();
                 return Err(SpillError::io("start io backend", PathBuf::new(), e));
             }
         };
+        let OpenedRoots {
+            id,
+            paths,
+            proc_dirs,
+            created,
+            unusable,
+        } = opened;
+        let n_roots = paths.len();
         let store = Store::new(
             Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
-            Roots::new(cfg.roots.clone(), proc_dirs, cfg.root_skip),
+            Roots::new(paths, proc_dirs, created, cfg.root_skip),
             Arc::new(CleanupQueue::new()),
-            SegmentPool::new(cfg.roots.len(), cfg.pool_max_segments, cfg.pool_max_bytes),
+            SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
         );
         let core = Arc::new(Core::new(cfg, id, io, store));
-        for p in claimed {
-            core.store.cleanup.sweep(p);
-        }
+        Counters::add(&core.counters.roots_unusable, unusable);
         let worker_core = core.clone();
         let cleanup_thread = std::thread::Builder::new()
             .name("spillring-cleanup".into())
@@ -225,9 +273,21 @@ impl Engine {
             Ok(t) => t,
             Err(e) => {
                 core.io.shutdown();
+                for pd in core.store.roots.proc_dirs() {
+                    let _ = std::fs::remove_dir(&pd.path);
+                }
+                proc::remove_created(core.store.roots.created());
                 return Err(thread_err(e));
             }
         };
+        // The open can no longer fail: now claim the directories of dead engines.
+        for pd in core.store.roots.proc_dirs() {
+            if let Some(root) = pd.path.parent() {
+                for p in proc::claim_dead(root, pd) {
+                    core.store.cleanup.sweep(p);
+                }
+            }
+        }
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 core,
@@ -338,30 +398,73 @@ impl Engine {
     }
 }
 
-/// Creates and locks this engine's directory under every root and claims the directories of
-/// dead engines there. On a failure, removes the directories it made.
-fn claim_roots(
-    cfg: &EngineConfig,
-    reaper: &Reaper,
-) -> Result<(u64, Vec<Arc<ProcDir>>, Vec<PathBuf>)> {
-    let mut id = random_id();
-    let mut proc_dirs: Vec<Arc<ProcDir>> = Vec::with_capacity(cfg.roots.len());
-    let mut claimed = Vec::new();
-    for (i, root) in cfg.roots.iter().enumerate() {
-        match proc::claim(root, i, &mut id, reaper) {
-            Ok((pd, found)) => {
-                proc_dirs.push(pd);
-                claimed.extend(found);
+/// The roots an open could use, with this engine's locked directory under each.
+struct OpenedRoots {
+    id: u64,
+    /// The roots in use, in configuration order.
+    paths: Vec<PathBuf>,
+    proc_dirs: Vec<Arc<ProcDir>>,
+    /// Per root in use, the directories created for it (top first).
+    created: Vec<Vec<PathBuf>>,
+    /// Roots skipped for an OS error.
+    unusable: u64,
+}
+
+impl OpenedRoots {
+    /// Removes what the open made: our (empty) directories and the roots it created.
+    fn undo(&self) {
+        for pd in &self.proc_dirs {
+            let _ = std::fs::remove_dir(&pd.path);
+        }
+        proc::remove_created(self.created.iter().flatten());
+    }
+}
+
+/// Makes each root a directory (creating a missing one) and creates and locks this engine's
+/// directory under it. A root that is not a directory fails the open; one that fails with an
+/// OS error is skipped (warned, counted) if another works, else the first root's error is
+/// returned. On a failure, removes everything it made.
+fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
+    let mut o = OpenedRoots {
+        id: random_id(),
+        paths: Vec::with_capacity(cfg.roots.len()),
+        proc_dirs: Vec::with_capacity(cfg.roots.len()),
+        created: Vec::with_capacity(cfg.roots.len()),
+        unusable: 0,
+    };
+    let mut first_err = None;
+    for root in &cfg.roots {
+        let made = proc::prepare_root(root).and_then(|created| {
+            match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
+                Ok(pd) => Ok((pd, created)),
+                Err(e) => {
+                    proc::remove_created(created.iter());
+                    Err(e)
+                }
+            }
+        });
+        match made {
+            Ok((pd, created)) => {
+                o.paths.push(root.clone());
+                o.proc_dirs.push(pd);
+                o.created.push(created);
+            }
+            Err(e @ SpillError::RootNotADirectory { .. }) => {
+                o.undo();
+                return Err(e);
             }
             Err(e) => {
-                for pd in &proc_dirs {
-                    let _ = std::fs::remove_dir(&pd.path);
-                }
-                return Err(e);
+                tracing::warn!(root = %root.display(), error = %e,
+                    "spill root unusable at open; this engine skips it");
+                o.unusable += 1;
+                first_err.get_or_insert(e);
             }
         }
     }
-    Ok((id, proc_dirs, claimed))
+    if o.proc_dirs.is_empty() {
+        return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig("roots: none".into())));
+    }
+    Ok(o)
 }
 
 /// Starts the configured backend (io_uring, falling back to psync under `Auto`).
@@ -432,6 +535,7 @@ fn metrics(core: &Core) -> Metrics {
         orphan_dirs_swept: g(&c.orphan_dirs_swept),
         orphan_files_swept: g(&c.orphan_files_swept),
         root_skips: g(&c.root_skips),
+        roots_unusable: g(&c.roots_unusable),
         files_published: g(&c.files_published),
         pool_segments: pool.segments,
         pool_bytes: pool.bytes,

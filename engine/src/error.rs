@@ -29,7 +29,14 @@ pub enum SpillError {
 
     /// The engine's byte quota (`max_spill_bytes`) would be exceeded. No file was created.
     /// Capacity returns as files are deleted.
-    #[error("spill quota exceeded: {in_use} of {limit} bytes in use, {requested} more requested")]
+    ///
+    /// Every open segment holds a whole `segment_size` of quota until it is sealed (a finished
+    /// segment then holds its written bytes): with `max_spill_bytes` below
+    /// `writers × segment_size`, an open writer's next segment can be refused while little is
+    /// written. See [`crate::EngineConfig::max_spill_bytes`].
+    #[error(
+        "spill quota exceeded: {in_use} of {limit} bytes in use, {requested} more requested (every open segment reserves a whole segment_size of quota; raise max_spill_bytes or lower segment_size if open writers alone fill it)"
+    )]
     QuotaExceeded {
         /// The configured limit, in bytes.
         limit: u64,
@@ -151,6 +158,44 @@ pub enum SpillError {
     /// no further writes.
     #[error("writer already failed; its files were deleted")]
     WriterFailed,
+
+    /// A `write_async` future of this writer was dropped before it completed, so a record may
+    /// be half placed in its stream: the writer failed and deleted its files, and takes no
+    /// further writes. (Cancelling a future is fine; use a new writer after it.)
+    #[error(
+        "a write_async future of this writer was dropped before it completed; the record may be half written, so the writer failed and deleted its files"
+    )]
+    WriteFutureDropped,
+
+    /// Admission can never succeed for this writer: the tickets (or quota bytes) it holds
+    /// itself already fill the ledger (or the quota), so no other spill finishing can make
+    /// room. Nothing was created; the writer keeps what it has (`finish` still works).
+    #[error(
+        "{resource} can never fit this writer: it holds {held} of {limit} itself and needs {requested} more; {fix}"
+    )]
+    WriterCannotFit {
+        /// "ticket ledger" or "spill quota".
+        resource: &'static str,
+        /// Tickets (or quota bytes) this writer holds.
+        held: u64,
+        /// The configured limit (`ticket_capacity` or `max_spill_bytes`).
+        limit: u64,
+        /// What the refused segment asked for (1 ticket, or its quota bytes).
+        requested: u64,
+        /// The configuration change or call that makes it fit.
+        fix: &'static str,
+    },
+
+    /// A configured spill root exists and is not a directory (a regular file, a symlink to
+    /// nothing, or a path under a regular file): a configuration error, so `Engine::open`
+    /// fails even if other roots work. Nothing was created.
+    #[error("spill root {path} is not a directory: it is {found}")]
+    RootNotADirectory {
+        /// The root as configured.
+        path: PathBuf,
+        /// What is there instead.
+        found: &'static str,
+    },
 
     /// `publish` could not move every file into the destination, so it moved none: a name
     /// there is taken (`source` is `EEXIST`; publish never replaces a file), or a rename or

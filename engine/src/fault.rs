@@ -67,10 +67,14 @@ pub enum FaultPoint {
     /// (`max_open_files`) passed its abort check and has not reopened its segment yet. Pausing
     /// here lets a test cancel the scope (and delete the file) under the reopen.
     WriterReopen,
+    /// `cleanup::sweep_unlink`: the crash sweep about to unlink one file of a dead engine's
+    /// tree. `FailAfter(ENOENT)` stages the race of a file gone between the sweep's readdir
+    /// and its unlink.
+    SweepUnlink,
 }
 
 /// Number of fault points.
-const POINTS: usize = 12;
+const POINTS: usize = 13;
 
 impl FaultPoint {
     /// Every fault point.
@@ -87,6 +91,7 @@ impl FaultPoint {
         FaultPoint::ReaderOpen,
         FaultPoint::PublishRename,
         FaultPoint::WriterReopen,
+        FaultPoint::SweepUnlink,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -104,6 +109,7 @@ impl FaultPoint {
             FaultPoint::ReaderOpen => "reader::open",
             FaultPoint::PublishRename => "state::publish_rename",
             FaultPoint::WriterReopen => "writer::reopen",
+            FaultPoint::SweepUnlink => "cleanup::sweep_unlink",
         }
     }
 

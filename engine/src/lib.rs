@@ -5,10 +5,14 @@
 //! stage, reads it back zero-copy, and deletes every file exactly once on every path: success,
 //! error, cancel, abort in the middle of a rotation, failed deletes, and a killed process.
 //!
-//! ```no_run
+//! Linux only (io_uring, or plain syscalls on the engine's threads where io_uring is not
+//! available); the minimum Rust version is in `Cargo.toml` (`rust-version`).
+//!
+//! ```
 //! use spillring::{Engine, EngineConfig, WriteMode};
 //! # fn main() -> spillring::Result<()> {
-//! let engine = Engine::open(EngineConfig::new("/var/tmp/spill").mode(WriteMode::Buffered))?;
+//! # let root = std::env::temp_dir().join(format!("spillring-doc-crate-{}", std::process::id()));
+//! let engine = Engine::open(EngineConfig::new(&root).mode(WriteMode::Buffered))?;
 //! let task = engine.task("task-42")?;
 //! let mut w = task.writer()?;
 //! w.write(spillring::Bytes::from_static(b"a record"))?;
@@ -19,8 +23,15 @@
 //! }
 //! drop((r, state)); // the last grant: the files are deleted (on an engine thread)
 //! task.close();
+//! # drop(engine);
+//! # let _ = std::fs::remove_dir(&root);
 //! # Ok(()) }
 //! ```
+//!
+//! The engine reports what it does not return as an error through [`tracing`]: the fallback
+//! from io_uring to psync, a root skipped at open or at runtime, a delete that failed and
+//! was handed to the cleanup worker, a shutdown that left work. Install a `tracing`
+//! subscriber in the embedding program to see them.
 //!
 //! The crate is a stack of layers, each importing only from those below it (ARCHITECTURE.md in
 //! the repository draws it): leaves (`error`, `config`, `metrics`, `fault`, `sync`), `format`
@@ -84,5 +95,5 @@ pub use metrics::Metrics;
 pub use spill::reader::SpillReader;
 pub use spill::segment_reader::SegmentReader;
 pub use spill::state::{PublishOptions, SpilledState};
-pub use spill::task::TaskSpill;
+pub use spill::task::{SpillUsage, TaskSpill};
 pub use spill::writer::{RecordSlot, SpillWriter};

@@ -24,6 +24,8 @@ pub(crate) struct Counters {
     pub orphan_dirs_swept: AtomicU64,
     pub orphan_files_swept: AtomicU64,
     pub root_skips: AtomicU64,
+    /// Gauge: configured roots skipped at open for an OS error (unused for the engine's life).
+    pub roots_unusable: AtomicU64,
     pub files_published: AtomicU64,
     pub pool_hits: AtomicU64,
     pub pool_misses: AtomicU64,
@@ -103,6 +105,9 @@ pub struct Metrics {
     pub orphan_files_swept: u64,
     /// Times a root was skipped after a failing create.
     pub root_skips: u64,
+    /// Configured roots that failed at open (read-only, no permission, a device error) and
+    /// that this engine does not use (a warning was logged for each).
+    pub roots_unusable: u64,
     /// Segment files handed to the caller by `SpilledState::publish`.
     pub files_published: u64,
     /// Released segment files the pool holds for reuse (each holds a ticket).
@@ -128,7 +133,7 @@ impl Metrics {
             "# HELP spillring_info Which backend and write mode run.\n# TYPE spillring_info gauge\nspillring_info{{backend=\"{}\",write_mode=\"{}\"}} 1",
             self.backend, self.write_mode
         );
-        let rows: [(&str, &str, &str, f64); 32] = [
+        let rows: [(&str, &str, &str, f64); 33] = [
             (
                 "tickets_used",
                 "gauge",
@@ -278,6 +283,12 @@ impl Metrics {
                 "counter",
                 "Times a failing root was skipped.",
                 self.root_skips as f64,
+            ),
+            (
+                "roots_unusable",
+                "gauge",
+                "Configured roots that failed at open and are not used.",
+                self.roots_unusable as f64,
             ),
             (
                 "files_published_total",

@@ -127,7 +127,7 @@ fn a_dropped_write_future_mid_rotation_leaves_no_file(b: BackendKind) {
         // The rotation finishes on its own and records the file.
         assert!(wait_until(|| segment_files(dir.path()) == 1));
         let err = w.write(Bytes::from(record(1, 1000))).unwrap_err();
-        assert!(matches!(err, SpillError::WriterFailed), "{err}");
+        assert!(matches!(err, SpillError::WriteFutureDropped), "{err}");
         drop(w);
         drop(task);
         let m = assert_clean(&engine, dir.path());

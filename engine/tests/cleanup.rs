@@ -279,7 +279,9 @@ fn shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it
     );
     let left = files_under(dir.path()).len();
     assert_eq!(left, 11, "the undeleted files stay for the next open");
+    let old_dirs = engine.process_dirs();
     drop((live_w, live, task, engine));
+    wait_unlocked(&old_dirs);
     // The next open (a fresh engine, no faults) claims the dead directory and sweeps it.
     let next = open(dir.path(), b);
     let m = assert_clean(&next, dir.path());
@@ -305,10 +307,13 @@ fn dropping_the_engine_runs_a_bounded_shutdown() {
     plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
     plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
     drop((st, task));
+    let old_dirs = engine.process_dirs();
     let t = Instant::now();
     drop(engine);
     assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(files_under(dir.path()).len(), 3);
+    // The engine's threads let go of its directory a moment after the drop returned.
+    wait_unlocked(&old_dirs);
     let next = open(dir.path(), spillring::BackendKind::Psync);
     let m = assert_clean(&next, dir.path());
     assert_eq!(m.orphan_files_swept, 3);

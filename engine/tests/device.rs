@@ -81,7 +81,7 @@ fn enospc(backend: spillring::BackendKind, mode: WriteMode, preallocate: bool) {
     } else {
         assert!(m.write_failures >= 1, "{m:?}");
     }
-    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
+    assert_fds_back_to(fds);
 }
 
 #[test]

@@ -81,7 +81,7 @@ fn write_failure_whose_cleanup_fails_reports_the_write_error(b: BackendKind) {
     drop(task);
     let m = assert_clean(&engine, dir.path());
     assert!(m.cleanup_released >= 1);
-    assert_eq!(fd_count(), fds, "fd leak: {:#?}", fd_targets());
+    assert_fds_back_to(fds);
 }
 
 fn ambiguous_delete_is_retried_and_found_absent(b: BackendKind) {

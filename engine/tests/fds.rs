@@ -350,8 +350,9 @@ fn cancels_racing_reopens_leave_nothing_and_never_say_not_found(b: BackendKind) 
                 s.spawn(move || {
                     let mut w = match task.writer() {
                         Ok(w) => w,
-                        // Cancelled before the writer was made.
-                        Err(SpillError::Closed { .. }) => return,
+                        // Cancelled before the writer was made: every call on a cancelled
+                        // scope says Aborted.
+                        Err(SpillError::Aborted) => return,
                         Err(e) => panic!("round {round} writer {t}: {e}"),
                     };
                     for i in 0..40u64 {

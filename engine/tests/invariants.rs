@@ -231,8 +231,17 @@ fn inv1_a_refused_create_makes_no_file_even_for_a_moment(b: BackendKind) {
     let seg_dir = engine.process_dirs()[0].clone();
     let watch = Inotify::watch(&seg_dir);
     let err = w.write(Bytes::from(record(1, 60 << 10))).unwrap_err();
+    // The writer holds the only ticket itself: the refusal says it can never fit.
     assert!(
-        matches!(err, SpillError::LedgerFull { capacity: 1 }),
+        matches!(
+            err,
+            SpillError::WriterCannotFit {
+                resource: "ticket ledger",
+                held: 1,
+                limit: 1,
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(

@@ -22,6 +22,8 @@ per_backend!(
     the_pool_keeps_its_byte_bound_exactly,
     a_pool_turned_off_takes_no_part,
     shutdown_empties_the_pool,
+    a_pooled_file_whose_reuse_fails_is_deleted_once,
+    cancels_racing_releases_into_the_pool_release_every_ticket_once,
 );
 
 fn spill(task: &TaskSpill, first: u64, n: u64, len: usize) -> spillring::SpilledState {
@@ -259,4 +261,110 @@ fn shutdown_empties_the_pool(b: BackendKind) {
     assert!(r.drained, "{r:?}");
     assert_eq!(r.tickets_held, 0, "{r:?}");
     assert_eq!(segment_files(dir.path()), 0);
+}
+
+/// A pooled file whose reuse fails (here it was deleted behind the engine's back, so the
+/// reopen finds no file) is given up: its delete finds it absent, its ticket is released once,
+/// and the writer goes on with a new file.
+fn a_pooled_file_whose_reuse_fails_is_deleted_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b)).unwrap();
+    let task = engine.task("reuse-fails").unwrap();
+    let st = spill(&task, 0, 10, 1000);
+    let path = st.paths()[0].clone();
+    drop(st);
+    let m0 = engine.metrics();
+    assert_eq!((m0.pool_segments, m0.tickets_used), (1, 1), "{m0:?}");
+    std::fs::remove_file(&path).unwrap();
+
+    let st = spill(&task, 100, 10, 1000);
+    let got = read_all(&st);
+    assert_eq!(got.len(), 10);
+    for (k, rec) in got.iter().enumerate() {
+        assert_eq!(&rec[..], &record(100 + k as u64, 1000)[..]);
+    }
+    assert!(engine.settle(T));
+    let m = engine.metrics();
+    assert_eq!(m.pool_hits, m0.pool_hits, "a failed reuse is no hit: {m:?}");
+    assert_eq!(m.pool_trims, m0.pool_trims + 1, "{m:?}");
+    assert_eq!(m.pool_segments, 0, "{m:?}");
+    assert_eq!(m.files_already_absent, m0.files_already_absent + 1, "{m:?}");
+    // Only the new state's file holds a ticket: the given-up file's was released, once.
+    assert_eq!(m.tickets_used, 1, "{m:?}");
+    drop((got, st));
+    task.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.files_already_absent, m0.files_already_absent + 1, "{m:?}");
+}
+
+/// States are released into the pool (and writers take pooled files) while their scopes are
+/// cancelled from another thread: at every transition (release to the pool, reuse, trim) each
+/// file ends deleted or pooled, and every ticket is released exactly once.
+fn cancels_racing_releases_into_the_pool_release_every_ticket_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).segment_size(64 << 10)).unwrap();
+    for round in 0..30u64 {
+        let tasks: Vec<TaskSpill> = (0..3)
+            .map(|t| engine.task(&format!("r{round}-{t}")).unwrap())
+            .collect();
+        std::thread::scope(|s| {
+            for task in &tasks {
+                s.spawn(move || {
+                    for k in 0..6u64 {
+                        let mut w = match task.writer() {
+                            Ok(w) => w,
+                            Err(SpillError::Aborted) => return,
+                            Err(e) => panic!("writer: {e}"),
+                        };
+                        let mut failed = false;
+                        for i in 0..20u64 {
+                            match w.write(Bytes::from(record(k * 100 + i, 4000))) {
+                                Ok(()) => {}
+                                Err(SpillError::Aborted) => {
+                                    failed = true;
+                                    break;
+                                }
+                                Err(e) => panic!("write: {e}"),
+                            }
+                        }
+                        if failed {
+                            return;
+                        }
+                        match w.finish() {
+                            // Released at once: its segments go to the pool, or are deleted
+                            // by the cancel if it came first.
+                            Ok(st) => drop(st),
+                            Err(SpillError::Aborted) => return,
+                            Err(e) => panic!("finish: {e}"),
+                        }
+                    }
+                });
+            }
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_micros(150 * (round % 7)));
+                for task in &tasks {
+                    task.cancel();
+                }
+            });
+        });
+        drop(tasks);
+        assert!(engine.settle(T));
+        let m = engine.metrics();
+        assert_eq!(
+            m.tickets_used, m.pool_segments,
+            "round {round}: every ticket held is a pooled file's: {m:?}"
+        );
+        assert_eq!(
+            segment_files(dir.path()) as u64,
+            m.pool_segments,
+            "round {round}: every file left is pooled: {m:?}"
+        );
+    }
+    let m = assert_clean(&engine, dir.path());
+    assert!(m.pool_hits > 0, "no reuse happened: {m:?}");
+    assert_eq!(
+        m.files_deleted + m.files_already_absent,
+        m.segments_created,
+        "every file created was deleted exactly once: {m:?}"
+    );
 }

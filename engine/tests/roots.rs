@@ -7,11 +7,15 @@ use common::*;
 
 use std::time::Duration;
 
-use spillring::{BackendKind, Bytes, Engine, SpillError};
+use spillring::{BackendKind, Bytes, Engine, SpillError, proc_dir_name};
 
 per_backend!(
     quota_refuses_the_reservation_and_reopens,
     segments_spread_round_robin_over_roots,
+    a_missing_root_is_created_with_its_parents_and_removed_at_shutdown,
+    a_root_that_is_a_regular_file_is_refused_by_name_and_the_open_leaves_nothing,
+    a_read_only_root_is_skipped_at_open_with_a_warning_and_a_metric,
+    with_no_working_root_the_open_fails_with_the_first_roots_error,
 );
 
 fn write_and_check(engine: &Engine, id: &str, n: u64, len: usize) {
@@ -48,16 +52,20 @@ fn quota_refuses_the_reservation_and_reopens(b: BackendKind) {
             Err(e) => break e,
         }
     };
+    // The writer's own segments fill the quota: it can never fit, and the error says so
+    // (a refusal like QuotaExceeded: nothing created, the writer keeps what it has).
     match err {
-        SpillError::QuotaExceeded {
+        SpillError::WriterCannotFit {
+            resource: "spill quota",
             limit,
-            in_use,
+            held,
             requested,
+            ..
         } => {
             assert_eq!(limit, 3 * seg);
-            assert!(in_use + requested > limit);
+            assert!(held + requested > limit);
         }
-        other => panic!("want QuotaExceeded, got {other}"),
+        other => panic!("want WriterCannotFit, got {other}"),
     }
     assert!(engine.settle(Duration::from_secs(5)));
     assert_eq!(
@@ -159,4 +167,154 @@ fn a_root_that_turns_read_only_is_skipped() {
     assert_eq!(m.root_skips, 1, "{m:?}");
     assert_eq!(segment_files(&ro), 0);
     assert_clean(&engine, healthy.path());
+}
+
+/// Decided: a missing root is created with its missing parents (as `mkdir -p`), and what the
+/// open created is removed at shutdown when it is empty; a root that existed stays, and so
+/// does a created one the caller put something into.
+fn a_missing_root_is_created_with_its_parents_and_removed_at_shutdown(b: BackendKind) {
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("a/b/spill");
+    let engine = Engine::open(cfg(&root, b)).unwrap();
+    assert!(root.is_dir());
+    write_and_check(&engine, "created", 300, 1000);
+    assert_clean(&engine, &root);
+    drop(engine);
+    assert!(
+        !base.path().join("a").exists(),
+        "the created root and its parents stay: {:?}",
+        dirs_under(base.path())
+    );
+    // A root that existed stays after shutdown.
+    let engine = Engine::open(cfg(base.path(), b)).unwrap();
+    write_and_check(&engine, "existing", 10, 1000);
+    drop(engine);
+    assert!(base.path().is_dir());
+    assert_eq!(dirs_under(base.path()), Vec::<std::path::PathBuf>::new());
+    // A created root the caller put a file into is kept (with the file), and so are its
+    // parents.
+    let engine = Engine::open(cfg(&root, b)).unwrap();
+    std::fs::write(root.join("mine.txt"), b"keep").unwrap();
+    engine.shutdown(Duration::from_secs(5));
+    assert_eq!(std::fs::read(root.join("mine.txt")).unwrap(), b"keep");
+    assert_eq!(files_under(base.path()), vec![root.join("mine.txt")]);
+    assert_eq!(dirs_under(&root), Vec::<std::path::PathBuf>::new());
+    // Two missing roots, one inside the other: everything created goes, inner first.
+    let base = tempfile::tempdir().unwrap();
+    let outer = base.path().join("r0");
+    let engine = Engine::open(cfg(&outer, b).add_root(outer.join("deep/er"))).unwrap();
+    assert_eq!(engine.process_dirs().len(), 2);
+    write_and_check(&engine, "nested", 300, 1000);
+    drop(engine);
+    assert_eq!(dirs_under(base.path()), Vec::<std::path::PathBuf>::new());
+}
+
+/// Decided: a root that exists and is not a directory is a configuration error: a typed
+/// error naming it (not "File exists"), even with a healthy root beside it. The failed open
+/// leaves no process directory, and a dead engine's directory where it was.
+fn a_root_that_is_a_regular_file_is_refused_by_name_and_the_open_leaves_nothing(b: BackendKind) {
+    let base = tempfile::tempdir().unwrap();
+    let file = base.path().join("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let healthy = tempfile::tempdir().unwrap();
+    // A dead engine's directory (no lock held) with a file in it.
+    let dead = healthy.path().join(proc_dir_name(0xdead));
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join("00000001.bin"), b"old").unwrap();
+    for roots in [
+        vec![file.clone()],
+        vec![healthy.path().to_path_buf(), file.clone()],
+    ] {
+        let mut c = cfg(&roots[0], b);
+        for r in &roots[1..] {
+            c = c.add_root(r);
+        }
+        let e = Engine::open(c).unwrap_err();
+        match &e {
+            SpillError::RootNotADirectory { path, found } => {
+                assert_eq!(path, &file);
+                assert_eq!(*found, "a regular file");
+            }
+            other => panic!("want RootNotADirectory, got {other:?}"),
+        }
+        let msg = e.to_string();
+        assert!(msg.contains(&*file.to_string_lossy()), "{msg}");
+        assert!(!msg.contains("File exists"), "{msg}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
+        // Nothing of ours left under the healthy root; the dead engine's directory untouched.
+        assert_eq!(dirs_under(healthy.path()), vec![dead.clone()]);
+        assert_eq!(std::fs::read(dead.join("00000001.bin")).unwrap(), b"old");
+    }
+    // A path under the file, and a symlink to nothing, are refused the same way.
+    let dangling = base.path().join("dangling");
+    std::os::unix::fs::symlink(base.path().join("nowhere"), &dangling).unwrap();
+    for (root, want) in [
+        (
+            file.join("sub"),
+            "a path under a file that is not a directory",
+        ),
+        (dangling.clone(), "a symlink to nothing"),
+    ] {
+        let e = Engine::open(cfg(healthy.path(), b).add_root(&root)).unwrap_err();
+        assert!(
+            matches!(&e, SpillError::RootNotADirectory { path, found } if *path == root && *found == want),
+            "{e:?}"
+        );
+    }
+    assert_eq!(dirs_under(healthy.path()), vec![dead]);
+    assert!(!base.path().join("nowhere").exists());
+}
+
+/// Decided: a root that fails at open with an OS error (here read-only) is skipped for the
+/// engine's life, with a warning and the `roots_unusable` metric, as the engine skips a
+/// failing root at runtime; the open fails only if no root works.
+fn a_read_only_root_is_skipped_at_open_with_a_warning_and_a_metric(b: BackendKind) {
+    let (_holder, ro) = private_tmpfs("1m", true);
+    let healthy = tempfile::tempdir().unwrap();
+    for roots in [
+        [ro.clone(), healthy.path().to_path_buf()],
+        [healthy.path().to_path_buf(), ro.clone()],
+    ] {
+        let engine =
+            Engine::open(cfg(&roots[0], b).add_root(&roots[1]).segment_size(64 << 10)).unwrap();
+        let m = engine.metrics();
+        assert_eq!(m.roots_unusable, 1, "{m:?}");
+        assert!(
+            m.to_prometheus().contains("spillring_roots_unusable 1"),
+            "{}",
+            m.to_prometheus()
+        );
+        let pds = engine.process_dirs();
+        assert_eq!(pds.len(), 1, "{pds:?}");
+        assert!(pds[0].starts_with(healthy.path()), "{pds:?}");
+        write_and_check(&engine, "ro-skipped", 640, 1000);
+        let m = engine.metrics();
+        assert!(m.segments_created >= 10, "{m:?}");
+        assert_eq!(m.root_skips, 0, "no runtime skip: the root is not in use");
+        assert_clean(&engine, healthy.path());
+        drop(engine);
+        assert_eq!(dirs_under(healthy.path()), Vec::<std::path::PathBuf>::new());
+    }
+}
+
+/// When every root fails with an OS error the open fails with the first root's error, and
+/// makes nothing anywhere.
+fn with_no_working_root_the_open_fails_with_the_first_roots_error(b: BackendKind) {
+    let (_h1, ro1) = private_tmpfs("1m", true);
+    let (_h2, ro2) = private_tmpfs("1m", true);
+    let e = Engine::open(cfg(&ro1, b).add_root(&ro2)).unwrap_err();
+    match &e {
+        SpillError::Io { path, source, .. } => {
+            assert!(path.starts_with(&ro1), "{e}");
+            assert_eq!(source.raw_os_error(), Some(libc::EROFS), "{e}");
+        }
+        other => panic!("want the first root's Io error, got {other:?}"),
+    }
+    // A missing root under a read-only one cannot be created either: nothing is left.
+    let e = Engine::open(cfg(&ro1.join("x/y"), b)).unwrap_err();
+    assert!(
+        matches!(&e, SpillError::Io { source, .. } if source.raw_os_error() == Some(libc::EROFS)),
+        "{e:?}"
+    );
+    assert!(dirs_under(&ro1).is_empty() && dirs_under(&ro2).is_empty());
 }

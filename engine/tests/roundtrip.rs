@@ -83,7 +83,7 @@ fn round_trip(backend: spillring::BackendKind, mode: WriteMode) {
     assert_eq!(m.records_read, 10_000);
     assert_eq!(m.bytes_read as usize, total);
     assert_eq!(m.files_deleted, m.segments_created);
-    assert_eq!(fd_count(), fds, "fd leak");
+    assert_fds_back_to(fds);
 }
 
 #[test]

@@ -169,6 +169,10 @@ struct Case {
     cleanup_batch: Count,
     root_skip: Dur,
     shutdown_budget: Dur,
+    pool_max_segments: Count,
+    pool_max_bytes: Size,
+    read_buffer_max: Size,
+    max_open_files: Count,
 }
 
 /// The configuration as the harness sees it (defaults filled in, per the setters' docs).
@@ -188,6 +192,9 @@ struct Model {
     cleanup_batch: u64,
     root_skip: Duration,
     shutdown_budget: Duration,
+    pool_max_segments: u64,
+    read_buffer_max: u64,
+    max_open_files: u64,
 }
 
 impl Model {
@@ -243,6 +250,16 @@ impl Model {
         }
         if self.shutdown_budget > hour {
             return Err("shutdown_budget");
+        }
+        // `pool_max_bytes`: any value is valid.
+        if self.pool_max_segments > 65_536 {
+            return Err("pool_max_segments");
+        }
+        if self.read_buffer_max > 64 << 20 {
+            return Err("read_buffer_max");
+        }
+        if !(1..=1 << 20).contains(&self.max_open_files) {
+            return Err("max_open_files");
         }
         Ok(())
     }
@@ -341,6 +358,9 @@ fuzz_target!(|case: Case| {
         cleanup_batch: case.cleanup_batch.get().unwrap_or(1000),
         root_skip: case.root_skip.get().unwrap_or(Duration::from_secs(30)),
         shutdown_budget: case.shutdown_budget.get().unwrap_or(Duration::from_secs(5)),
+        pool_max_segments: case.pool_max_segments.get().unwrap_or(256),
+        read_buffer_max: case.read_buffer_max.get().unwrap_or(256 << 10),
+        max_open_files: case.max_open_files.get().unwrap_or(1024),
     };
 
     // Through the builder, setting only what the case sets (defaults stay the builder's own).
@@ -398,6 +418,18 @@ fuzz_target!(|case: Case| {
     if let Some(v) = case.shutdown_budget.get() {
         cfg = cfg.shutdown_budget(v);
     }
+    if let Some(v) = case.pool_max_segments.get() {
+        cfg = cfg.pool_max_segments(us(v));
+    }
+    if let Some(v) = case.pool_max_bytes.get() {
+        cfg = cfg.pool_max_bytes(v);
+    }
+    if let Some(v) = case.read_buffer_max.get() {
+        cfg = cfg.read_buffer_max(us(v));
+    }
+    if let Some(v) = case.max_open_files.get() {
+        cfg = cfg.max_open_files(us(v));
+    }
     let verdict = cfg.validate();
     let expected = model.documented_ok();
     match (&verdict, expected) {
@@ -434,7 +466,12 @@ fuzz_target!(|case: Case| {
                 "open failed although every root can be a directory: {err}; {model:?}"
             );
             assert!(
-                matches!(err, SpillError::Io { .. } | SpillError::InvalidConfig(_)),
+                matches!(
+                    err,
+                    SpillError::Io { .. }
+                        | SpillError::InvalidConfig(_)
+                        | SpillError::RootNotADirectory { .. }
+                ),
                 "unexpected error kind: {err:?}"
             );
         }

@@ -16,9 +16,10 @@
 //! - on an open task without armed write faults, no call fails, except `LedgerFull` /
 //!   `QuotaExceeded` (then the record was not written and the writer stays usable);
 //! - once a task is closed or cancelled, every call on its writers, states and readers ends in
-//!   `Ok` or `Aborted` (`WriterFailed` after the writer already reported its error; `Closed`
-//!   for a new writer); while a cancel runs on another thread, either is fine but bytes must
-//!   still be right; a `Corrupt` or an `Io` error (such as NotFound) is never acceptable;
+//!   `Ok` or `Aborted` (`WriterFailed` after the writer already reported an error other than a
+//!   cancel; `Closed` for a new writer on a scope closed without a cancel); while a cancel
+//!   runs on another thread, either is fine but bytes must still be right; a `Corrupt` or an
+//!   `Io` error (such as NotFound) is never acceptable;
 //! - an armed write fault surfaces as an `Io`/`StorageFull` error with the injected errno, and
 //!   a spill whose `finish` succeeded reads back completely (a lost write would show);
 //! - `Bytes` handed out by a reader stay valid and unchanged after the files are deleted.
@@ -528,7 +529,9 @@ impl Run<'_> {
             _ => "writer_err_other",
         });
         if failed {
-            if !matches!(e, SpillError::WriterFailed) {
+            // On a cancelled scope every call says `Aborted`, whatever failed the writer.
+            let cancel = matches!(e, SpillError::Aborted) && life != Life::Open;
+            if !matches!(e, SpillError::WriterFailed) && !cancel {
                 self.fail(format!(
                     "{what} on a failed writer: {e:?} (want WriterFailed)"
                 ));
@@ -537,7 +540,9 @@ impl Run<'_> {
         }
         match e {
             SpillError::Aborted if life != Life::Open => true,
-            SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. }
+            SpillError::LedgerFull { .. }
+            | SpillError::QuotaExceeded { .. }
+            | SpillError::WriterCannotFit { .. }
                 if life != Life::Closed =>
             {
                 false
@@ -583,7 +588,8 @@ impl Run<'_> {
                         recs: Vec::new(),
                         failed: false,
                     }),
-                    Err(SpillError::Closed { what: "task scope" }) if life != Life::Open => {}
+                    Err(SpillError::Closed { what: "task scope" } | SpillError::Aborted)
+                        if life != Life::Open => {}
                     r => self.fail(format!("writer() on a {life:?} task: {:?}", r.err())),
                 }
             }

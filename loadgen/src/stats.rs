@@ -183,6 +183,9 @@ pub fn error_kind(e: &SpillError) -> &'static str {
         SpillError::StateShared { .. } => "StateShared",
         SpillError::SegmentsExhausted { .. } => "SegmentsExhausted",
         SpillError::WriterFailed => "WriterFailed",
+        SpillError::WriteFutureDropped => "WriteFutureDropped",
+        SpillError::WriterCannotFit { .. } => "WriterCannotFit",
+        SpillError::RootNotADirectory { .. } => "RootNotADirectory",
         _ => "Other",
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::core::Core;
+use crate::fault::{self, FaultPoint, Injected};
 use crate::metrics::Counters;
 
 /// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
@@ -16,7 +17,13 @@ pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     let mut files = 0u64;
     let mut dirs = 0u64;
     let stop = || core.store.cleanup.stopping();
-    let r = remove_tree(path, &mut files, &mut dirs, &stop);
+    let unlink = |p: &Path| match fault::check(&core.fault, FaultPoint::SweepUnlink) {
+        Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+        Injected::FailAfter(e) => std::fs::remove_file(p).and(Err(io::Error::from_raw_os_error(e))),
+        Injected::Skip => Ok(()),
+        Injected::None => std::fs::remove_file(p),
+    };
+    let r = remove_tree(path, &mut files, &mut dirs, &stop, &unlink);
     Counters::add(&core.counters.orphan_files_swept, files);
     match r {
         Ok(()) => {
@@ -36,13 +43,14 @@ pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     }
 }
 
-/// Removes `path` and everything under it; stops with `Interrupted` as soon as `stop()` says
-/// so (checked before every unlink).
+/// Removes `path` and everything under it (files with `unlink`); stops with `Interrupted` as
+/// soon as `stop()` says so (checked before every unlink).
 fn remove_tree(
     path: &Path,
     files: &mut u64,
     dirs: &mut u64,
     stop: &dyn Fn() -> bool,
+    unlink: &dyn Fn(&Path) -> io::Result<()>,
 ) -> io::Result<()> {
     for entry in std::fs::read_dir(path)? {
         if stop() {
@@ -51,10 +59,11 @@ fn remove_tree(
         let entry = entry?;
         let p = entry.path();
         if entry.file_type()?.is_dir() {
-            remove_tree(&p, files, dirs, stop)?;
+            remove_tree(&p, files, dirs, stop, unlink)?;
         } else {
-            match std::fs::remove_file(&p) {
+            match unlink(&p) {
                 Ok(()) => *files += 1,
+                // Gone since the readdir (another sweeper, an operator): what we wanted.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }

@@ -86,7 +86,28 @@ struct Mapped {
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
-/// reader releases it.
+/// reader releases it. Also an [`Iterator`] of `Result<Bytes>`.
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-reader-{}", std::process::id()));
+/// # let engine = Engine::open(EngineConfig::new(&root))?;
+/// # let task = engine.task("t")?;
+/// # let mut w = task.writer()?;
+/// # w.write_all((0..3u8).map(|i| vec![i; 10]))?;
+/// # let state = w.finish()?;
+/// let mut r = state.reader()?;
+/// while let Some(rec) = r.next_record()? {
+///     assert_eq!(rec.len(), 10); // CRC checked; zero-copy for a mapped segment
+/// }
+/// // Or as an iterator, which ends after the first error.
+/// let recs: Vec<Bytes> = state.reader()?.collect::<spillring::Result<_>>()?;
+/// assert_eq!(recs.len(), 3);
+/// # drop((r, recs, state, task, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 ///
 /// Records are zero-copy `Bytes` into a mapping of the segment file: see the module docs for
 /// the two ways reading one can raise `SIGBUS` (a media error, or a file shrunk under live

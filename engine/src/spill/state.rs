@@ -28,6 +28,31 @@ use crate::sys::fs;
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
 /// on the files (see the module docs). `Clone` takes another grant.
 ///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-state-{}", std::process::id()));
+/// let engine = Engine::open(EngineConfig::new(&root))?;
+/// let producer = engine.task("map-3")?;
+/// let mut w = producer.writer()?;
+/// w.write_all((0..100u32).map(|i| Bytes::from(i.to_le_bytes().to_vec())))?;
+/// let state = w.finish()?;
+/// // Hand-off: the consuming task adopts the state; then the producer may close.
+/// let consumer = engine.task("reduce-0")?;
+/// consumer.adopt(&state)?;
+/// producer.close();
+/// assert!(!state.is_aborted());
+/// let sum: u64 = state
+///     .reader()?
+///     .map(|r| r.map(|b| u64::from(u32::from_le_bytes(b[..4].try_into().unwrap()))))
+///     .sum::<spillring::Result<u64>>()?;
+/// assert_eq!(sum, (0..100).sum());
+/// drop(state); // the last grant: the files go back to the pool or are deleted
+/// # drop((consumer, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
+///
 /// Lifetime: a state is registered with the scope of the task that made it, which is its
 /// backstop: when that scope closes (`close`, `cancel`, or its last `TaskSpill` dropped), the
 /// state is aborted and its files deleted, even while grants are alive. To hand a state to a
@@ -46,9 +71,13 @@ impl SpilledState {
         task: Arc<TaskShared>,
         lane: usize,
         entries: Vec<SegmentEntry>,
+        (records, payload): (u64, u64),
         register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
     ) -> Result<Self> {
-        let inner = Arc::new(StateInner::new(task, lane, entries));
+        let mut inner = StateInner::new(task, lane, entries);
+        inner.records = records;
+        inner.payload = payload;
+        let inner = Arc::new(inner);
         // Until the id is stored, a release would unregister id 0, which is never used; the
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
@@ -90,6 +119,18 @@ impl SpilledState {
     /// Bytes in the segment files (headers and framing included, padding excluded).
     pub fn bytes(&self) -> u64 {
         self.inner().bytes
+    }
+
+    /// Records in the state (what its writer accepted).
+    pub fn records(&self) -> u64 {
+        self.inner().records
+    }
+
+    /// Payload bytes of those records: what the writer's [`crate::SpillWriter::bytes_written`]
+    /// said at `finish` (framing and segment headers excluded; [`SpilledState::bytes`] counts
+    /// the files).
+    pub fn bytes_written(&self) -> u64 {
+        self.inner().payload
     }
 
     /// True once the scope closed the state (its files are deleted).

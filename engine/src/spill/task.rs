@@ -21,6 +21,46 @@ pub(crate) trait Member: Send + Sync {
     /// Closes the resource: sets its abort flag and queues the deletion of its files. Never
     /// waits for I/O.
     fn close_by_scope(&self);
+
+    /// The files the member holds now, and their bytes on disk (written or allocated).
+    fn usage(&self) -> SpillUsage;
+}
+
+/// What a task scope holds on disk now: see [`TaskSpill::usage`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SpillUsage {
+    /// Segment files held by the scope's open writers and live states.
+    pub files: u64,
+    /// Bytes those files hold on disk: written bytes of finished segments, and for segments
+    /// allocated up front (direct mode, `preallocate`) the allocation until `finish` trims it.
+    pub bytes: u64,
+    /// Open writers registered with the scope.
+    pub writers: u64,
+    /// Live spilled states registered with the scope (made here or adopted).
+    pub states: u64,
+}
+
+impl SpillUsage {
+    /// A writer's usage: `files` files of `bytes` bytes.
+    pub(crate) fn of_writer(files: u64, bytes: u64) -> Self {
+        SpillUsage {
+            files,
+            bytes,
+            writers: 1,
+            states: 0,
+        }
+    }
+
+    /// A state's usage: `files` files of `bytes` bytes.
+    pub(crate) fn of_state(files: u64, bytes: u64) -> Self {
+        SpillUsage {
+            files,
+            bytes,
+            writers: 0,
+            states: 1,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +100,22 @@ impl TaskShared {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.registry.lock().closed
+    }
+
+    /// True once closed by `cancel` (or by the engine's shutdown, which cancels).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// What a new writer (or any call that needs an open scope) gets on a closed scope:
+    /// `Aborted` if it was cancelled (the expected outcome of a cancel), `Closed` if it ended
+    /// normally (asking a finished task for a new writer is a caller's bug).
+    pub(crate) fn closed_error(&self) -> SpillError {
+        if self.is_cancelled() {
+            SpillError::Aborted
+        } else {
+            SpillError::Closed { what: "task scope" }
+        }
     }
 
     /// The task's own fault plan, consulted before the engine's at the writer's points.
@@ -111,10 +167,26 @@ impl TaskShared {
         Ok(id)
     }
 
+    /// The sum of the members' usage.
+    pub(crate) fn usage(&self) -> SpillUsage {
+        // Each member is asked outside the registry's lock (a member takes its own lock).
+        let members: Vec<Arc<dyn Member>> =
+            self.registry.lock().members.values().cloned().collect();
+        let mut u = SpillUsage::default();
+        for m in members {
+            let m = m.usage();
+            u.files += m.files;
+            u.bytes += m.bytes;
+            u.writers += m.writers;
+            u.states += m.states;
+        }
+        u
+    }
+
     /// Closes the scope: every member, newest first. Idempotent.
     pub(crate) fn close(&self, cancel: bool) {
         if cancel {
-            self.cancelled.store(true, Ordering::Relaxed);
+            self.cancelled.store(true, Ordering::Release);
         }
         let members = {
             let mut r = self.registry.lock();
@@ -151,6 +223,33 @@ impl Drop for CloseOnDrop {
 /// A task's spill scope. Cheap to clone: clones share the scope, which closes when `close` or
 /// `cancel` is called on any of them, or when the last one is dropped. `Send + Sync`, so an
 /// executor can cancel from another thread than the one writing.
+///
+/// `cancel` never blocks: it sets flags and queues deletes. Call it from outside the pool
+/// whose threads run the task's writers: a cancel queued as a job on a pool whose threads all
+/// wait (for example a rayon pool of blocked writers) never runs. After a cancel, every call
+/// on the scope, its writers, states and readers returns [`crate::SpillError::Aborted`].
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig, SpillError};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-task-{}", std::process::id()));
+/// let engine = Engine::open(EngineConfig::new(&root))?;
+/// let task = engine.task("query-7")?;
+/// let canceller = task.clone();
+/// let worker = std::thread::spawn(move || -> spillring::Result<()> {
+///     let mut w = task.writer()?;
+///     loop {
+///         w.write(Bytes::from(vec![7u8; 4096]))?; // Aborted once cancelled
+///     }
+/// });
+/// std::thread::sleep(std::time::Duration::from_millis(20));
+/// canceller.cancel(); // from another thread; never blocks
+/// assert!(matches!(worker.join().unwrap(), Err(SpillError::Aborted)));
+/// assert_eq!(canceller.usage().files, 0);
+/// # drop((canceller, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct TaskSpill {
     shared: Arc<TaskShared>,
@@ -189,16 +288,41 @@ impl TaskSpill {
         &self.shared.id
     }
 
-    /// A new writer, registered with this scope (its abort hook). Fails with `Closed` on a
-    /// closed scope or a shut-down engine.
+    /// A new writer, registered with this scope (its abort hook).
+    ///
+    /// On a cancelled scope this fails with `Aborted`, like every other call on it: a cancel
+    /// is an expected outcome, not a bug. On a scope closed normally (`close`, or its last
+    /// handle dropped) it fails with `Closed { what: "task scope" }`: the task said it was
+    /// done, so asking for another writer is a caller's bug. On a shut-down engine, `Closed
+    /// { what: "engine" }`.
+    ///
+    /// ```no_run
+    /// # fn f(engine: &spillring::Engine) -> spillring::Result<()> {
+    /// use spillring::SpillError;
+    /// let task = engine.task("t")?;
+    /// task.cancel();
+    /// assert!(matches!(task.writer(), Err(SpillError::Aborted)));
+    /// let task = engine.task("u")?;
+    /// task.close();
+    /// assert!(matches!(task.writer(), Err(SpillError::Closed { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn writer(&self) -> Result<SpillWriter> {
         if self.shared.core.is_shut_down() {
             return Err(SpillError::Closed { what: "engine" });
         }
         if self.shared.is_closed() {
-            return Err(SpillError::Closed { what: "task scope" });
+            return Err(self.shared.closed_error());
         }
         SpillWriter::new(self.shared.clone())
+    }
+
+    /// What the scope holds on disk now: segment files of its open writers and live states
+    /// (its own and adopted ones; a state adopted elsewhere counts there), and their bytes.
+    /// All zero once the scope is closed. A snapshot: it takes a lock per member, so call it
+    /// for reporting, not per record.
+    pub fn usage(&self) -> SpillUsage {
+        self.shared.usage()
     }
 
     /// Aborts the task's spills: closes everything registered, newest first. Writers and
@@ -239,6 +363,41 @@ impl TaskSpill {
 
     /// True if closed by `cancel`.
     pub fn is_cancelled(&self) -> bool {
-        self.shared.cancelled.load(Ordering::Relaxed)
+        self.shared.is_cancelled()
+    }
+}
+
+/// What the scope's registry holds through a state's life (cargo-mutants: a state's last
+/// release could skip its unregistration, leaving an entry per state in a long-lived scope,
+/// and no test saw it: the registry is not visible from outside).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn members(t: &TaskSpill) -> usize {
+        t.shared().registry.lock().members.len()
+    }
+
+    #[test]
+    fn a_state_leaves_its_scope_with_its_last_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::EngineConfig::new(dir.path()).backend(crate::BackendKind::Psync);
+        let engine = crate::Engine::open(cfg).unwrap();
+        let task = engine.task("registry").unwrap();
+        let mut w = task.writer().unwrap();
+        assert_eq!(members(&task), 1, "the writer");
+        w.write(bytes::Bytes::from_static(b"record")).unwrap();
+        let st = w.finish().unwrap();
+        assert_eq!(members(&task), 1, "the state, in the writer's place");
+        let r = st.reader().unwrap();
+        let copy = st.clone();
+        drop(st);
+        drop(copy);
+        assert_eq!(members(&task), 1, "a reader's grant keeps it registered");
+        drop(r);
+        assert_eq!(members(&task), 0, "the last grant unregisters it");
+        let w = task.writer().unwrap();
+        drop(w);
+        assert_eq!(members(&task), 0, "a dropped writer unregisters too");
     }
 }

@@ -50,6 +50,11 @@ impl SegmentEntry {
         self.dir.path.join(SegmentFileName::new(self.seg).as_str())
     }
 
+    /// Bytes of quota the entry's ticket holds (0 once it ended).
+    pub(crate) fn reserved(&self) -> u64 {
+        self.ticket.as_ref().map_or(0, Ticket::bytes)
+    }
+
     /// Shrinks the ticket's quota to `bytes` (see [`Ticket::shrink_to`]).
     pub(crate) fn shrink_to(&mut self, bytes: u64) {
         if let Some(t) = &mut self.ticket {

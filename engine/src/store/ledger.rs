@@ -161,6 +161,11 @@ impl Ledger {
 }
 
 impl Ticket {
+    /// Bytes of quota this ticket holds (whole pages).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.pages * PAGE
+    }
+
     /// Shrinks the quota this ticket holds to what its sealed file really uses.
     pub(crate) fn shrink_to(&mut self, bytes: u64) {
         let want = pages(bytes);
@@ -280,6 +285,92 @@ mod tests {
         l.release_retained(r);
         assert_eq!(l.used(), 0);
         assert_eq!(l.bytes_used(), 0);
+    }
+
+    /// A refusal says what it refused, in bytes, and counts itself; the bounds read back as
+    /// set. (cargo-mutants: no test read the error's fields, the capacity or the counters.)
+    #[test]
+    fn a_quota_refusal_reports_its_numbers_and_counts() {
+        let l = Ledger::new(3, Some(5 * PAGE));
+        assert_eq!(l.capacity(), 3);
+        assert_eq!((l.used(), l.high_water(), l.bytes_used()), (0, 0, 0));
+        assert_eq!((l.quota_failures(), l.admission_failures()), (0, 0));
+        let a = l.reserve(2 * PAGE + 1).unwrap();
+        assert_eq!(l.bytes_used(), 3 * PAGE, "pages round up");
+        assert_eq!((l.used(), l.high_water()), (1, 1));
+        match l.reserve(3 * PAGE) {
+            Err(SpillError::QuotaExceeded {
+                limit,
+                in_use,
+                requested,
+            }) => assert_eq!((limit, in_use, requested), (5 * PAGE, 3 * PAGE, 3 * PAGE)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((l.quota_failures(), l.admission_failures()), (1, 0));
+        assert_eq!(
+            l.high_water(),
+            2,
+            "the refused ticket was counted, then given back"
+        );
+        assert_eq!(l.used(), 1);
+        let b = l.reserve(0).unwrap();
+        let c = l.reserve(0).unwrap();
+        assert!(matches!(
+            l.reserve(0),
+            Err(SpillError::LedgerFull { capacity: 3 })
+        ));
+        assert_eq!((l.quota_failures(), l.admission_failures()), (1, 1));
+        assert!(l.reserve(0).is_err());
+        assert_eq!(l.admission_failures(), 2);
+        assert_eq!(l.high_water(), 3);
+        drop((a, b, c));
+        assert_eq!((l.used(), l.bytes_used(), l.high_water()), (0, 0, 3));
+    }
+
+    #[test]
+    fn pages_round_up_to_whole_pages() {
+        assert_eq!(pages(0), 0);
+        assert_eq!(pages(1), 1);
+        assert_eq!(pages(PAGE), 1);
+        assert_eq!(pages(PAGE + 1), 2);
+    }
+
+    /// A ticket of more pages than a record can hold (over 16 TiB) keeps the accounting exact
+    /// when retained: the record holds `u32::MAX` pages and the rest is given back at once.
+    #[test]
+    fn a_retained_ticket_past_16_tib_keeps_the_accounting_exact() {
+        let l = Ledger::new(2, None);
+        let huge = (u64::from(u32::MAX) + 10) * PAGE;
+        let r = l.reserve(huge).unwrap().retain();
+        assert_eq!(l.bytes_used(), u64::from(u32::MAX) * PAGE);
+        assert_eq!(l.used(), 1);
+        let pages = r.into_pages();
+        assert_eq!(pages, u32::MAX);
+        l.release_retained(RetainedTicket::from_pages(pages));
+        assert_eq!((l.used(), l.bytes_used()), (0, 0));
+        // A small one is kept whole.
+        let r = l.reserve(3 * PAGE).unwrap().retain();
+        assert_eq!(l.bytes_used(), 3 * PAGE);
+        assert_eq!(r, RetainedTicket::from_pages(3));
+        l.release_retained(r);
+        assert_eq!((l.used(), l.bytes_used()), (0, 0));
+    }
+
+    #[test]
+    fn shrink_and_grow_move_only_the_difference() {
+        let l = Ledger::new(4, Some(10 * PAGE));
+        let mut a = l.reserve(4 * PAGE).unwrap();
+        let _b = l.reserve(2 * PAGE).unwrap();
+        a.shrink_to(PAGE + 1);
+        assert_eq!(l.bytes_used(), 4 * PAGE);
+        a.shrink_to(3 * PAGE); // never grows
+        assert_eq!(l.bytes_used(), 4 * PAGE);
+        a.grow_to(5 * PAGE).unwrap();
+        assert_eq!(l.bytes_used(), 7 * PAGE);
+        a.shrink_to(5 * PAGE); // same size: nothing moves
+        assert_eq!(l.bytes_used(), 7 * PAGE);
+        drop(a);
+        assert_eq!(l.bytes_used(), 2 * PAGE);
     }
 
     /// Found by LeakSanitizer and Miri: `retain` forgot the ticket, and with it the ticket's

@@ -20,17 +20,85 @@ use crate::sys::{self, errno};
 
 static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// Creates and locks this engine's process directory under `root`, then claims the
-/// directories of dead engines there. Returns the directory and the claimed paths (to be
-/// deleted in the background).
-pub(crate) fn claim(
+/// Makes sure `root` is a directory. A missing root is created, with its missing parents
+/// (mode 0777 less the umask, like `mkdir -p`); the directories created are returned, top
+/// first, so that the engine removes them (when empty) at shutdown or after a failed open.
+///
+/// A root that exists and is not a directory (a regular file, a symlink to nothing, a path
+/// under a file) is [`SpillError::RootNotADirectory`]: a configuration error. Any other
+/// failure is an OS error ([`SpillError::io`]), which the engine treats like a root failing
+/// at runtime (it skips the root if another works).
+pub(crate) fn prepare_root(root: &Path) -> Result<Vec<PathBuf>> {
+    let not_dir = |found| SpillError::RootNotADirectory {
+        path: root.to_path_buf(),
+        found,
+    };
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => return Ok(Vec::new()),
+        Ok(m) if m.is_file() => return Err(not_dir("a regular file")),
+        Ok(_) => return Err(not_dir("a special file (device, socket or FIFO)")),
+        Err(e) if e.raw_os_error() == Some(errno::ENOTDIR) => {
+            return Err(not_dir("a path under a file that is not a directory"));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(SpillError::io("examine root", root, e)),
+    }
+    if std::fs::symlink_metadata(root).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(not_dir("a symlink to nothing"));
+    }
+    // The missing directories, deepest first.
+    let mut missing = Vec::new();
+    let mut p = root;
+    loop {
+        match std::fs::symlink_metadata(p) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(p.to_path_buf()),
+            Err(e) if e.raw_os_error() == Some(errno::ENOTDIR) => {
+                return Err(not_dir("a path under a file that is not a directory"));
+            }
+            Err(e) => return Err(SpillError::io("examine root", p, e)),
+        }
+        match p.parent() {
+            Some(q) if !q.as_os_str().is_empty() => p = q,
+            _ => break,
+        }
+    }
+    let mut created = Vec::new();
+    for d in missing.iter().rev() {
+        match std::fs::create_dir(d) {
+            Ok(()) => created.push(d.clone()),
+            // Made meanwhile by someone else, or an alias (`a/..`) of one just made.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => {
+                remove_created(created.iter());
+                return Err(SpillError::io("create root", d, e));
+            }
+        }
+    }
+    if !created.is_empty() {
+        tracing::info!(root = %root.display(), created = ?created,
+            "spill root was missing; created it (it is removed at shutdown if empty)");
+    }
+    Ok(created)
+}
+
+/// Removes directories [`prepare_root`] created (given in creation order: for several roots,
+/// their lists one after the other), last created first, each only if it is empty (one
+/// holding another engine's directory or the caller's files stays, and so do its parents).
+pub(crate) fn remove_created<'a>(created: impl DoubleEndedIterator<Item = &'a PathBuf>) {
+    for d in created.rev() {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+/// Creates and locks this engine's process directory under `root` (which exists).
+pub(crate) fn make_own(
     root: &Path,
     index: usize,
     id: &mut u64,
     reaper: &Reaper,
-) -> Result<(Arc<ProcDir>, Vec<PathBuf>)> {
+) -> Result<Arc<ProcDir>> {
     let root_err = |op, e| SpillError::io(op, root, e);
-    std::fs::create_dir_all(root).map_err(|e| root_err("create root", e))?;
     let root_fd = dir::open_dir(root).map_err(|e| root_err("open root", e))?;
     // Make and lock our directory. Another engine's sweep can take the lock of a directory
     // between our mkdir and our flock (it looks dead then); if that happened, we see that the
@@ -60,8 +128,13 @@ pub(crate) fn claim(
             }
             Err(e) => return Err(SpillError::io("open process directory", path, e)),
         };
-        let locked = dir::try_lock(fd.as_fd())
-            .map_err(|e| SpillError::io("lock process directory", path.clone(), e))?;
+        let locked = match dir::try_lock(fd.as_fd()) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&path);
+                return Err(SpillError::io("lock process directory", path, e));
+            }
+        };
         let ours = locked && same_inode(&fd, &path);
         if ours {
             break ProcDir {
@@ -79,22 +152,44 @@ pub(crate) fn claim(
         }
         *id = random_id();
     };
-    let pd = Arc::new(pd);
+    Ok(Arc::new(pd))
+}
+
+/// Claims the directories of dead engines under `root` into `ours` and returns their new
+/// paths (to be deleted in the background). Runs once the open can no longer fail, so a
+/// failed open never moves another engine's directory. What cannot be examined is logged
+/// and left alone.
+pub(crate) fn claim_dead(root: &Path, ours: &ProcDir) -> Vec<PathBuf> {
     let mut claimed = Vec::new();
-    let names = dir::list_dir(root).map_err(|e| root_err("list root", e))?;
+    let root_fd = match dir::open_dir(root) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(root = %root.display(), error = %e,
+                "could not open a spill root to claim dead engines' directories; leaving them");
+            return claimed;
+        }
+    };
+    let names = match dir::list_dir(root) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(root = %root.display(), error = %e,
+                "could not list a spill root to claim dead engines' directories; leaving them");
+            return claimed;
+        }
+    };
     for name in names {
         let Some(s) = name.to_str() else { continue };
-        if !s.starts_with(PROC_PREFIX) || root.join(s) == pd.path {
+        if !s.starts_with(PROC_PREFIX) || root.join(s) == ours.path {
             continue;
         }
-        match claim_one(&root_fd, s, &pd) {
+        match claim_one(&root_fd, s, ours) {
             Ok(Some(p)) => claimed.push(p),
             Ok(None) => {}
             Err(e) => tracing::warn!(dir = %root.join(s).display(), error = %e,
                 "could not examine a spillring directory at open; leaving it"),
         }
     }
-    Ok((pd, claimed))
+    claimed
 }
 
 fn same_inode(fd: &std::os::fd::OwnedFd, path: &Path) -> bool {

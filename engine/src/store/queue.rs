@@ -266,3 +266,172 @@ impl CleanupQueue {
         self.end();
     }
 }
+
+/// The queue's bookkeeping step by step, without a worker thread (the engine tests drive it
+/// through the worker; these pin what each method returns, which cargo-mutants showed the
+/// engine tests left loose).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn rec(seg: u32) -> Record {
+        Record {
+            dir: 1,
+            seg,
+            pages: seg + 100,
+            since: 0,
+        }
+    }
+
+    fn records(w: Option<Work>) -> Vec<u32> {
+        match w {
+            Some(Work::Records(v)) => v.iter().map(|r| r.seg).collect(),
+            other => panic!("want records, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn records_come_out_in_batches_in_order_and_count_as_work() {
+        let q = CleanupQueue::new();
+        assert_eq!((q.pending(), q.outstanding()), (0, 0));
+        for seg in 0..5 {
+            q.push(rec(seg));
+        }
+        assert_eq!((q.pending(), q.outstanding()), (5, 5));
+        assert_eq!(q.snapshot(), (0..5).map(|s| (1, s)).collect::<Vec<_>>());
+        let (queued, sweeps) = q.queued();
+        assert_eq!(queued, (0..5).map(rec).collect::<Vec<_>>());
+        assert_eq!(sweeps, 0);
+        assert_eq!(records(q.next_work(2, None)), [0, 1]);
+        assert_eq!(records(q.next_work(2, None)), [2, 3]);
+        // Taken is not done: still pending until confirmed.
+        assert_eq!(q.pending(), 5);
+        q.record_done();
+        assert_eq!((q.pending(), q.outstanding()), (4, 4));
+        // A failed batch goes to the back; with no retry delay it is ready at once.
+        q.put_back(&[rec(0), rec(1)], None);
+        assert_eq!(q.snapshot(), [(1, 4), (1, 0), (1, 1)]);
+        assert_eq!(records(q.next_work(10, None)), [4, 0, 1]);
+    }
+
+    #[test]
+    fn begin_and_end_count_units_of_work() {
+        let q = CleanupQueue::new();
+        q.begin(3);
+        assert_eq!(q.outstanding(), 3);
+        q.end();
+        assert_eq!(q.outstanding(), 2);
+        q.end();
+        q.end();
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_failed_batch_waits_out_its_retry_delay_unless_told_to_retry_now() {
+        let q = CleanupQueue::new();
+        q.push(rec(1));
+        let taken = records(q.next_work(8, None));
+        let delay = Duration::from_millis(300);
+        q.put_back(&[rec(1)], Some(Instant::now() + delay));
+        let t0 = Instant::now();
+        assert_eq!(records(q.next_work(8, None)), taken);
+        let waited = t0.elapsed();
+        assert!(waited >= delay - Duration::from_millis(5), "{waited:?}");
+        // Again, but `retry_now` lets it go at once.
+        q.put_back(&[rec(1)], Some(Instant::now() + Duration::from_secs(60)));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                q.retry_now();
+            });
+            let t0 = Instant::now();
+            assert_eq!(records(q.next_work(8, None)), taken);
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        });
+    }
+
+    #[test]
+    fn sweeps_come_after_ready_records_and_are_counted() {
+        let q = CleanupQueue::new();
+        q.sweep(PathBuf::from("/a"));
+        q.push(rec(3));
+        assert_eq!((q.sweeps_pending(), q.outstanding()), (1, 2));
+        assert_eq!(q.queued().1, 1);
+        assert_eq!(records(q.next_work(8, None)), [3]);
+        match q.next_work(8, None) {
+            Some(Work::Sweep(p)) => assert_eq!(p, PathBuf::from("/a")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(q.sweeps_pending(), 0);
+        // A sweep that failed again waits out the delay.
+        q.sweep_later(PathBuf::from("/b"), Duration::from_millis(200));
+        assert_eq!(q.sweeps_pending(), 1);
+        let t0 = Instant::now();
+        assert!(matches!(q.next_work(8, None), Some(Work::Sweep(_))));
+        assert!(
+            t0.elapsed() >= Duration::from_millis(190),
+            "{:?}",
+            t0.elapsed()
+        );
+        // One a shutdown interrupted is only put back for reports.
+        q.sweep_left(std::path::Path::new("/c"));
+        assert_eq!(q.sweeps_pending(), 1);
+        assert_eq!(
+            q.outstanding(),
+            2,
+            "sweep_later and sweep_left count no new work"
+        );
+    }
+
+    #[test]
+    fn the_take_hook_runs_once_per_wait_when_work_is_ready() {
+        let q = CleanupQueue::new();
+        let calls = AtomicU64::new(0);
+        let hook = || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        };
+        q.push(rec(1));
+        assert_eq!(records(q.next_work(8, Some(&hook))), [1]);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_and_is_seen_without_the_lock() {
+        let q = CleanupQueue::new();
+        assert!(!q.stopping());
+        std::thread::scope(|s| {
+            let w = s.spawn(|| q.next_work(8, None));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!w.is_finished(), "an empty queue waits");
+            q.stop();
+            assert!(w.join().unwrap().is_none());
+        });
+        assert!(q.stopping());
+        q.push(rec(1));
+        assert!(q.next_work(8, None).is_none(), "stopped: no more work");
+    }
+
+    #[test]
+    fn the_oldest_age_is_the_oldest_record_sampled_once_a_second() {
+        let q = CleanupQueue::new();
+        assert_eq!(q.oldest_age(), 0.0, "no record: age 0");
+        let q = CleanupQueue {
+            epoch: Instant::now() - Duration::from_secs(100),
+            ..CleanupQueue::new()
+        };
+        assert_eq!(q.now_secs(), 100);
+        q.push(Record {
+            since: 40,
+            ..rec(1)
+        });
+        q.push(Record {
+            since: 90,
+            ..rec(2)
+        });
+        let age = q.oldest_age();
+        assert!((60.0..61.0).contains(&age), "{age}");
+        // Within the second the sample stands, even after the record went.
+        let _ = q.next_work(8, None);
+        assert_eq!(q.oldest_age(), age);
+    }
+}

@@ -1,5 +1,12 @@
 //! The spill roots: this engine's locked process directory under each, and each root's health
 //! (a root whose creates or writes fail with a device error is skipped for a while).
+//!
+//! At open (`Engine::open`, with [`crate::store::proc`]): a missing root is created with its
+//! missing parents, and what was created is removed at shutdown if empty; a root that is not a
+//! directory fails the open ([`SpillError::RootNotADirectory`]); a root that fails with an OS
+//! error (read-only, no permission, a device error) is skipped for the engine's life with a
+//! warning and the `roots_unusable` metric, as long as another root works. `Roots` holds only
+//! the roots in use, indexed in configuration order among them.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -26,6 +33,9 @@ struct RootHealth {
 pub(crate) struct Roots {
     paths: Vec<PathBuf>,
     proc_dirs: Vec<Arc<ProcDir>>,
+    /// Directories the open created for missing roots (top first, per root), removed at
+    /// shutdown when empty.
+    created: Vec<Vec<PathBuf>>,
     health: Vec<RootHealth>,
     /// How long a failed root is skipped.
     skip: Duration,
@@ -33,14 +43,26 @@ pub(crate) struct Roots {
 }
 
 impl Roots {
-    pub(crate) fn new(paths: Vec<PathBuf>, proc_dirs: Vec<Arc<ProcDir>>, skip: Duration) -> Self {
+    pub(crate) fn new(
+        paths: Vec<PathBuf>,
+        proc_dirs: Vec<Arc<ProcDir>>,
+        created: Vec<Vec<PathBuf>>,
+        skip: Duration,
+    ) -> Self {
         Roots {
+            created,
             health: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
             paths,
             proc_dirs,
             skip,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// Directories the open created for missing roots, in creation order (a root created
+    /// inside another one comes after it).
+    pub(crate) fn created(&self) -> impl DoubleEndedIterator<Item = &PathBuf> {
+        self.created.iter().flatten()
     }
 
     /// This engine's process directories, one per root.

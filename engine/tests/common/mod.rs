@@ -57,6 +57,46 @@ pub fn fd_count() -> usize {
         .count()
 }
 
+/// Asserts the process is back to `before` open fds. The last close of a segment runs on the
+/// engine's reaper thread, a moment after the delete that made it the last: a leaked fd stays,
+/// so the check waits up to 5 s for the count to come back before it fails.
+pub fn assert_fds_back_to(before: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fd_count() != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(fd_count(), before, "fd leak: {:#?}", fd_targets());
+}
+
+/// Waits until no process holds the lock of any of `dirs` (an engine's process directories):
+/// an engine's threads may let go of its directory a moment after `shutdown` returned with
+/// work left, and until then the next open takes the directory for a live engine's.
+pub fn wait_unlocked(dirs: &[PathBuf]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for d in dirs {
+        loop {
+            let Ok(f) = std::fs::File::open(d) else { break }; // gone: nothing to wait for
+            // SAFETY: flock on an fd this function owns; the lock goes with `f` (a lock of its
+            // own open file description, so the engine's lock in this process conflicts).
+            let free = unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            } == 0;
+            if free {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} still locked 10 s after its engine was dropped",
+                d.display()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// What each open fd of this process points at (for leak reports).
 pub fn fd_targets() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")

@@ -27,11 +27,12 @@ impl Op<'_> {
                 "writer",
                 "task.writer() succeeded on a cancelled scope".into(),
             ),
-            Err(SpillError::Closed { .. }) => {}
+            // Every call on a cancelled scope says Aborted (issue 13, point 3).
+            Err(SpillError::Aborted) => {}
             Err(e) => self.bad(
                 "api",
                 "writer",
-                format!("task.writer() on a cancelled scope: {e} instead of Closed"),
+                format!("task.writer() on a cancelled scope: {e} instead of Aborted"),
             ),
         }
     }

@@ -41,7 +41,9 @@ pub fn verdict(e: &SpillError, cancelled: bool, faults: bool) -> Verdict {
         }
         SpillError::StorageFull { .. } => Verdict::Fault,
         // After a cancel: a refusal from a retry loop that gave up before the cancel landed.
-        SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. } => Verdict::Refused,
+        SpillError::LedgerFull { .. }
+        | SpillError::QuotaExceeded { .. }
+        | SpillError::WriterCannotFit { .. } => Verdict::Refused,
         SpillError::Io { .. } if faults && is_injected(e) => Verdict::Fault,
         _ if cancelled => Verdict::Bad(format!(
             "after a cancel: {e} (expected Aborted, or an injected fault with errno {}: an \

@@ -57,13 +57,42 @@ use rotate::{OpenSegment, Opened, trim_allocations};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
     Open,
+    /// An error other than an abort failed it (the error was returned then).
     Failed,
+    /// Its scope closed it and deleted its files (`Aborted` was returned).
+    Aborted,
+    /// A `write_async` future was dropped half way (`WriteFutureDropped` was returned).
+    Poisoned,
     Finished,
 }
 
 /// Stage 1 of a spill: writes records into rotating segment files. See the module docs.
 ///
 /// Any error deletes everything the writer created; dropping an unfinished writer does too.
+/// The exceptions are the refusals that leave it usable (`LedgerFull`, `QuotaExceeded`,
+/// `WriterCannotFit`, `TooManyOpenFiles`, `RecordTooLarge`), and a cancel of its scope
+/// (`Aborted`, from then on on every call).
+///
+/// ```
+/// use spillring::{Bytes, Engine, EngineConfig};
+/// # fn main() -> spillring::Result<()> {
+/// # let root = std::env::temp_dir().join(format!("spillring-doc-writer-{}", std::process::id()));
+/// # let engine = Engine::open(EngineConfig::new(&root))?;
+/// let task = engine.task("t")?;
+/// let mut w = task.writer()?;
+/// w.write(Bytes::from(vec![1u8; 1000]))?; // an owned buffer: no copy for large records
+/// w.write_slice(b"borrowed bytes")?; // copied once into the staging buffer
+/// let mut slot = w.record(8)?; // serialise in place
+/// slot.copy_from_slice(&42u64.to_le_bytes());
+/// slot.commit()?;
+/// w.write_all(["a", "b", "c"])?; // any iterator of Into<Bytes>
+/// assert_eq!((w.records(), w.bytes_written()), (6, 1000 + 14 + 8 + 3));
+/// let state = w.finish()?;
+/// assert_eq!(state.records(), 6);
+/// # drop((state, task, engine));
+/// # let _ = std::fs::remove_dir(&root);
+/// # Ok(()) }
+/// ```
 pub struct SpillWriter {
     task: Arc<TaskShared>,
     core: Arc<Core>,
@@ -80,6 +109,9 @@ pub struct SpillWriter {
     life: Life,
     segment_size: u64,
     direct: bool,
+    /// Records accepted so far, and their payload bytes (frames excluded).
+    records: u64,
+    bytes_written: u64,
     large: usize,
     queue_depth: usize,
 }
@@ -114,10 +146,12 @@ impl SpillWriter {
         let shared = Arc::new(WriterShared::new(core.clone(), lane));
         let hook_id = task
             .register(shared.clone())
-            .map_err(|_| SpillError::Closed { what: "task scope" })?;
+            .map_err(|_| task.closed_error())?;
         let cfg = &core.cfg;
         Ok(SpillWriter {
             segment_size: cfg.segment_size,
+            records: 0,
+            bytes_written: 0,
             direct: cfg.mode == WriteMode::Direct,
             large: cfg.large_record_threshold,
             queue_depth: cfg.queue_depth,
@@ -208,9 +242,61 @@ impl SpillWriter {
         self.shared.files.lock().entries.len()
     }
 
+    /// Records this writer accepted so far (`write`, `write_slice`, committed slots). After
+    /// an error from [`SpillWriter::write_all`], the records that went in before it.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Payload bytes of the records this writer accepted so far (framing and segment headers
+    /// excluded: [`SpilledState::bytes`] counts the files).
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Queues every record of `records` in order, like [`SpillWriter::write`] for each (so it
+    /// blocks only while the in-flight budget is full), and stops at the first error, which
+    /// it returns. [`SpillWriter::records`] then says how many went in: with an error that
+    /// leaves the writer usable (`LedgerFull`, `QuotaExceeded`, `TooManyOpenFiles`,
+    /// `RecordTooLarge`) the caller can retry from that record; after `WriterCannotFit` it
+    /// can `finish` what went in.
+    ///
+    /// ```no_run
+    /// # fn f(task: &spillring::TaskSpill) -> spillring::Result<()> {
+    /// let mut w = task.writer()?;
+    /// w.write_all((0..1000u32).map(|i| i.to_le_bytes().to_vec()))?;
+    /// assert_eq!(w.records(), 1000);
+    /// let state = w.finish()?;
+    /// assert_eq!(state.records(), 1000);
+    /// # Ok(()) }
+    /// ```
+    pub fn write_all<I>(&mut self, records: I) -> Result<()>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        for r in records {
+            self.write(r.into())?;
+        }
+        Ok(())
+    }
+
+    /// The error for a call on a writer that is no longer open. On a cancelled scope every
+    /// call says `Aborted`, whatever ended the writer first.
+    fn ended_error(&self) -> SpillError {
+        if self.task.is_cancelled() {
+            return SpillError::Aborted;
+        }
+        match self.life {
+            Life::Aborted => SpillError::Aborted,
+            Life::Poisoned => SpillError::WriteFutureDropped,
+            Life::Open | Life::Failed | Life::Finished => SpillError::WriterFailed,
+        }
+    }
+
     fn check_open(&mut self) -> Result<()> {
         if self.life != Life::Open {
-            return Err(SpillError::WriterFailed);
+            return Err(self.ended_error());
         }
         if self.shared.files.is_aborted() {
             return Err(self.observe_abort());
@@ -219,7 +305,9 @@ impl SpillWriter {
             // A write_async future was dropped half way: the stream may hold a torn record.
             // (Or an async call was dropped while its rotation ran on the offload pool: the
             // segment it records is not this writer's open one.)
-            return Err(self.fail(SpillError::WriterFailed));
+            let e = self.fail(SpillError::WriteFutureDropped);
+            self.life = Life::Poisoned;
+            return Err(e);
         }
         Ok(())
     }
@@ -245,10 +333,54 @@ impl SpillWriter {
                 | SpillError::TooManyOpenFiles { .. }),
             ) => {
                 self.placing = None;
-                Err(e)
+                Err(self.explain_admission(e))
             }
             Err(SpillError::Aborted) => Err(self.observe_abort()),
             Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// An admission refusal this writer can never get past, because what it holds itself
+    /// fills the ledger or the quota, becomes [`SpillError::WriterCannotFit`]; any other error
+    /// is returned as it is.
+    fn explain_admission(&self, e: SpillError) -> SpillError {
+        match e {
+            SpillError::LedgerFull { capacity } => {
+                let held = self.segments() as u64;
+                if held < capacity as u64 {
+                    return e;
+                }
+                SpillError::WriterCannotFit {
+                    resource: "ticket ledger",
+                    held,
+                    limit: capacity as u64,
+                    requested: 1,
+                    fix: "each segment file holds a ticket until it is deleted: raise ticket_capacity (or segment_size), or finish this writer and spill the rest with another",
+                }
+            }
+            SpillError::QuotaExceeded {
+                limit, requested, ..
+            } => {
+                let held = self
+                    .shared
+                    .files
+                    .lock()
+                    .entries
+                    .iter()
+                    .map(|e| e.reserved())
+                    .sum::<u64>();
+                if held.saturating_add(requested) <= limit {
+                    return e;
+                }
+                SpillError::WriterCannotFit {
+                    resource: "spill quota",
+                    held,
+                    limit,
+                    requested,
+                    fix: "every open segment reserves a whole segment_size of quota: raise max_spill_bytes (or lower segment_size), or finish this writer and spill the rest with another",
+                }
+            }
+            e => e,
         }
     }
 
@@ -264,7 +396,8 @@ impl SpillWriter {
             &self.core.fault,
             FaultPoint::WriterHandOff,
         );
-        let r = SpilledState::register(self.task.clone(), self.lane, entries, |m| {
+        let counts = (self.records, self.bytes_written);
+        let r = SpilledState::register(self.task.clone(), self.lane, entries, counts, |m| {
             self.task.replace(self.hook_id, m)
         });
         if r.is_err() {
@@ -278,7 +411,7 @@ impl SpillWriter {
         if self.life == Life::Open {
             Counters::add(&self.core.counters.aborts_observed, 1);
         }
-        self.life = Life::Failed;
+        self.life = Life::Aborted;
         self.release_io();
         self.task.unregister(self.hook_id);
         SpillError::Aborted

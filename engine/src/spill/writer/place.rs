@@ -124,7 +124,9 @@ impl SpillWriter {
         self.seg.as_ref().map_or(0, |s| s.generation)
     }
 
-    pub(super) fn count_record(&self, len: usize) {
+    pub(super) fn count_record(&mut self, len: usize) {
+        self.records += 1;
+        self.bytes_written += len as u64;
         let c = &self.core.counters;
         Counters::add(&c.bytes_written, len as u64);
         Counters::add(&c.records_written, 1);
