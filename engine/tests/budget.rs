@@ -27,6 +27,7 @@ per_backend!(
     direct_disk_held_by_small_writers_is_proportional_to_their_data,
     a_segment_grows_in_steps_blocking_and_async_and_is_trimmed,
     preallocate_allocates_in_steps_too,
+    a_long_writers_later_segments_are_allocated_whole,
 );
 
 const WRITERS: usize = 64;
@@ -356,4 +357,46 @@ fn max_buffer_memory_is_validated_and_its_default_fits_every_io_buffer_size() {
         .max_buffer_memory(1 << 20)
         .validate()
         .unwrap();
+}
+
+/// Only a writer's first segment grows in steps: once a writer filled a segment it is a long
+/// spill, and each later segment is allocated whole at its creation (one `fallocate`, not a
+/// doubling series that contends with the segment's writes for the inode lock).
+fn a_long_writers_later_segments_are_allocated_whole(backend: BackendKind) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let seg: u64 = 8 << 20;
+    let engine = Engine::open(
+        cfg(dir.path(), backend)
+            .mode(WriteMode::Direct)
+            .segment_size(seg)
+            .io_buffer_size(256 << 10),
+    )
+    .unwrap();
+    let task = engine.task("long").unwrap();
+    let mut w = task.writer().unwrap();
+    // The first segment starts small.
+    w.write_slice(&record(0, 16 << 10)).unwrap();
+    let first = disk_held(dir.path());
+    assert!(
+        first < (2 << 20) + SLACK,
+        "first segment at its start: {first}"
+    );
+    // Fill it, and one record into the second.
+    let mut k = 1;
+    while w.segments() < 2 {
+        w.write_slice(&record(k, 16 << 10)).unwrap();
+        k += 1;
+    }
+    let held = disk_held(dir.path());
+    // The first segment (about 8 MiB written) plus the second allocated whole.
+    assert!(
+        held >= 2 * seg - (1 << 20),
+        "the second segment was not allocated whole: {held} bytes held"
+    );
+    assert!(held <= 2 * seg + (1 << 20) + SLACK, "{held} bytes held");
+    let st = w.finish().unwrap();
+    assert_eq!(read_all(&st).len() as u64, k);
+    drop(st);
+    task.close();
+    assert_clean(&engine, dir.path());
 }

@@ -94,7 +94,9 @@ impl SpillWriter {
     /// [`Rotor::open`].
     pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
         let reserve = self.segment_reserve(need);
-        let opened = self.rotor().open(reserve, first_step(need, reserve))?;
+        let opened = self
+            .rotor()
+            .open(reserve, self.first_allocation(need, reserve))?;
         self.start_segment(opened)
     }
 
@@ -113,7 +115,7 @@ impl SpillWriter {
         if self.opening.is_none() {
             let rotor = self.rotor();
             let reserve = self.segment_reserve(need);
-            let step = first_step(need, reserve);
+            let step = self.first_allocation(need, reserve);
             self.opening = Some(self.core.io.offload().run(move || {
                 let mut opened = rotor.open(reserve, step)?;
                 // Mapping a fresh staging buffer is a syscall too (a pooled one is not), and
@@ -534,6 +536,21 @@ impl Rotor {
         }
         let entry = SegmentEntry::new(dir.clone(), seg, ticket);
         delete_segments(&self.core, self.lane, vec![entry]);
+    }
+}
+
+impl SpillWriter {
+    /// What a new segment allocates at its creation: a writer's first segment starts small
+    /// ([`first_step`]) and grows in steps, so a small spill holds disk in proportion to what
+    /// it wrote; a writer that already filled a segment is a long spill, and its next segments
+    /// are allocated whole, once, as before the steps (an extending `fallocate` takes the inode
+    /// lock that the segment's O_DIRECT writes in flight share).
+    fn first_allocation(&self, need: u64, reserve: u64) -> u64 {
+        if self.segments() > 0 {
+            reserve
+        } else {
+            first_step(need, reserve)
+        }
     }
 }
 
