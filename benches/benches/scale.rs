@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use spillring::testing::fd_stats;
 use spillring::{Engine, EngineConfig, SpillReader, SpillWriter, SpilledState, TaskSpill};
-use spillring_benches::{KIB, MIB, engine_info, quick, scratch, test_mode, write_results};
+use spillring_benches::{
+    KIB, MIB, engine_info, quick, rss_bytes, scratch, test_mode, write_results,
+};
 
 /// Goal from issue 10: at most this many extra fds with 10,000 spills open.
 const GOAL_EXTRA_FDS: usize = 2048;
@@ -30,19 +32,6 @@ const SAMPLE_EVERY: usize = 250;
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
-}
-
-/// Resident set size in bytes (`/proc/self/statm`, second field, in pages).
-fn rss_bytes() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * page.max(1) as u64
 }
 
 /// Sets the soft `RLIMIT_NOFILE` to `want` (or the hard limit if lower); the soft limit set.

@@ -18,23 +18,12 @@ use std::path::Path;
 
 use serde_json::json;
 use spillring::{Engine, EngineConfig, SpillWriter, WriteMode};
-use spillring_benches::{KIB, MIB, engine_info, median, quick, scratch, test_mode, write_results};
+use spillring_benches::{
+    KIB, MIB, engine_info, median, quick, rss_bytes, scratch, test_mode, write_results,
+};
 
 const WRITERS: usize = 64;
 const RECORD: usize = 64 * KIB;
-
-/// Resident set size in bytes (`/proc/self/statm`, second field, in pages).
-fn rss_bytes() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * page.max(1) as u64
-}
 
 /// Bytes allocated to every file under `dir` (`st_blocks` * 512), recursively.
 fn disk_held(dir: &Path) -> u64 {

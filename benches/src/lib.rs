@@ -32,7 +32,7 @@ pub mod wait;
 pub use backend::{assert_backend, open_engine, wanted_backend};
 pub use dirs::{out_dir, scratch, scratch_meta};
 pub use heap::{GatedDhat, HeapProfile};
-pub use measure::{Run, cpu_time, process_cpu, thread_cpu};
+pub use measure::{Run, cpu_time, process_cpu, rss_bytes, thread_cpu};
 pub use mode::{profile_request, quick, test_mode};
 pub use payload::{AlignedBuf, payloads};
 pub use report::{engine_info, write_json, write_results};

@@ -60,6 +60,19 @@ impl Run {
     }
 }
 
+/// Resident set size of this process (`/proc/self/statm`), 0 if it cannot be read.
+pub fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(1) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,14 +23,6 @@ per_backend!(
 
 const T: Duration = Duration::from_secs(20);
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// One writer, `n` segments of one record each.
 fn spill_segments(task: &TaskSpill, n: u64) -> SpilledState {
     let mut w = task.writer().unwrap();

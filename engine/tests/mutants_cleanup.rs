@@ -27,14 +27,6 @@ per_backend!(
 
 const T: Duration = Duration::from_secs(20);
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// A dead engine's directory under `root` with one task directory holding `files` segments;
 /// returns the task directory.
 fn dead_engine(root: &Path, files: usize) -> PathBuf {

@@ -97,6 +97,18 @@ pub fn wait_unlocked(dirs: &[PathBuf]) {
     }
 }
 
+/// Waits up to 20 s for `cond`, polling every 2 ms; fails naming `what`.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// What each open fd of this process points at (for leak reports).
 pub fn fd_targets() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
