@@ -85,13 +85,15 @@ pub use config::{
     Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_OPEN_FILES, MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE, WriteMode,
 };
-pub use engine::{Engine, ShutdownReport};
+pub use engine::{Engine, FileKind, OwnedFile, ShutdownReport};
 pub use error::{Result, SpillError};
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
 pub use format::names::{PROC_PREFIX, proc_dir_name};
 pub use format::segment;
-pub use metrics::Metrics;
+pub use metrics::{
+    LATENCY_BUCKETS, LatencyHistogram, LatencyMetrics, Metrics, RootUsage, latency_bucket_bound,
+};
 pub use spill::reader::SpillReader;
 pub use spill::segment_reader::SegmentReader;
 pub use spill::state::{PublishOptions, SpilledState};

@@ -191,6 +191,9 @@ pub(crate) struct StateInner {
     /// Live mappings per segment (a mapping lives while any `Bytes` into it does): a mapped
     /// segment never goes back to the pool. One allocation for all segments.
     pub(crate) maps: Arc<[AtomicUsize]>,
+    /// The state's `tracing` span (debug level, under its first scope's): segments, bytes,
+    /// outcome (published, released, aborted).
+    pub(crate) span: tracing::Span,
 }
 
 impl std::fmt::Debug for StateInner {
@@ -264,8 +267,11 @@ impl StateInner {
 
     /// Holds `entries` with one grant, not yet registered.
     pub(crate) fn new(task: Arc<TaskShared>, lane: usize, entries: Vec<SegmentEntry>) -> Self {
+        let bytes = entries.iter().map(|e| e.len).sum();
         StateInner {
-            bytes: entries.iter().map(|e| e.len).sum(),
+            span: tracing::debug_span!(parent: &task.span, "spillring.state",
+                segments = entries.len() as u64, bytes, outcome = tracing::field::Empty),
+            bytes,
             records: 0,
             payload: 0,
             segments: entries.len(),
@@ -290,6 +296,7 @@ impl StateInner {
         let Some(entries) = self.files.release() else {
             return;
         };
+        self.span.record("outcome", "released");
         self.unregister();
         let mapped = |i: usize| {
             self.maps
@@ -311,10 +318,16 @@ impl Member for StateInner {
         crate::spill::task::SpillUsage::of_state(files, bytes)
     }
 
+    fn files(&self, out: &mut Vec<crate::store::entry::EntryView>) {
+        self.files
+            .with_entries(|es| out.extend(es.iter().map(SegmentEntry::view)));
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.close() else {
             return;
         };
+        self.span.record("outcome", "aborted");
         delete_segments(self.core(), self.lane, entries);
     }
 }

@@ -265,6 +265,7 @@ impl SpilledState {
         }
         let out = forget_published(&core, &targets, entries);
         inner.files.end_publish();
+        inner.span.record("outcome", "published");
         inner.unregister();
         Ok(out)
     }
