@@ -119,7 +119,8 @@ impl Histogram {
 /// The engine's latency histograms, one per stage.
 #[derive(Debug, Default)]
 pub(crate) struct Latencies {
-    /// The caller's time in `SpillWriter::write`, `write_slice` and `write_async`.
+    /// The caller's time in `SpillWriter::write`, `write_slice` and `write_async`, and in a
+    /// slot's `record` plus its `commit`.
     pub write: Histogram,
     /// Opening a segment (a rotation): ticket, create or pooled reuse, allocation, abort check.
     pub rotate: Histogram,
@@ -177,9 +178,11 @@ impl LatencyHistogram {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct LatencyMetrics {
-    /// The caller's time in each `SpillWriter::write`, `write_slice` and `write_async` (a
-    /// copy into the staging buffer; a submission of a full buffer; a wait for in-flight
-    /// budget; a rotation).
+    /// The caller's time in each `SpillWriter::write`, `write_slice` and `write_async`, and
+    /// for a [`RecordSlot`](crate::RecordSlot) in its `record` call plus its `commit` (not the
+    /// time the caller spends filling it): a copy into the staging buffer, a submission of a
+    /// full buffer, a wait for in-flight budget, a rotation. A slot dropped uncommitted counts
+    /// nothing.
     pub write: LatencyHistogram,
     /// Each segment rotation: ticket, create or pooled reuse, allocation and the abort check
     /// (on the caller's thread, or the offload pool for an async writer).

@@ -61,6 +61,11 @@ fn a_spill_moves_every_histogram(b: BackendKind) {
         w.write(Bytes::from(record(i, REC))).unwrap();
     }
     w.write_slice(&record(5, 100)).unwrap();
+    let mut slot = w.record(100).unwrap();
+    slot.fill(7);
+    slot.commit().unwrap();
+    let uncommitted = w.record(100).unwrap();
+    drop(uncommitted);
     let st = w.finish().unwrap();
     assert_eq!(st.segments(), 5);
     let mut r = st.reader().unwrap();
@@ -68,14 +73,14 @@ fn a_spill_moves_every_histogram(b: BackendKind) {
     while r.next_record().unwrap().is_some() {
         n += 1;
     }
-    assert_eq!(n, 6);
+    assert_eq!(n, 7);
     drop((r, st));
     task.close();
     assert!(engine.settle(Duration::from_secs(10)));
     let l = engine.metrics().latency;
     assert_eq!(
-        l.write.count, 6,
-        "one per write and write_slice: {:?}",
+        l.write.count, 7,
+        "one per write, write_slice and committed slot: {:?}",
         l.write
     );
     assert_eq!(l.rotate.count, 5, "one per segment: {:?}", l.rotate);
