@@ -275,6 +275,8 @@ impl SpilledState {
     fn roll_back(&self, entries: Vec<SegmentEntry>) {
         let inner = self.inner();
         if let Some(entries) = inner.files.roll_back_publish(entries) {
+            // The scope closed during the publish: the files go as its close would have.
+            inner.span.record("outcome", "aborted");
             delete_segments(inner.core(), inner.lane, entries);
         }
     }
