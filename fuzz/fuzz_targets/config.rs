@@ -173,6 +173,7 @@ struct Case {
     pool_max_bytes: Size,
     read_buffer_max: Size,
     max_open_files: Count,
+    max_buffer_memory: Size,
 }
 
 /// The configuration as the harness sees it (defaults filled in, per the setters' docs).
@@ -195,6 +196,7 @@ struct Model {
     pool_max_segments: u64,
     read_buffer_max: u64,
     max_open_files: u64,
+    max_buffer_memory: u64,
 }
 
 impl Model {
@@ -260,6 +262,9 @@ impl Model {
         }
         if !(1..=1 << 20).contains(&self.max_open_files) {
             return Err("max_open_files");
+        }
+        if !(self.io_buffer_size..=1 << 40).contains(&self.max_buffer_memory) {
+            return Err("max_buffer_memory");
         }
         Ok(())
     }
@@ -361,6 +366,7 @@ fuzz_target!(|case: Case| {
         pool_max_segments: case.pool_max_segments.get().unwrap_or(256),
         read_buffer_max: case.read_buffer_max.get().unwrap_or(256 << 10),
         max_open_files: case.max_open_files.get().unwrap_or(1024),
+        max_buffer_memory: case.max_buffer_memory.get().unwrap_or(128 << 20),
     };
 
     // Through the builder, setting only what the case sets (defaults stay the builder's own).
@@ -429,6 +435,9 @@ fuzz_target!(|case: Case| {
     }
     if let Some(v) = case.max_open_files.get() {
         cfg = cfg.max_open_files(us(v));
+    }
+    if let Some(v) = case.max_buffer_memory.get() {
+        cfg = cfg.max_buffer_memory(us(v));
     }
     let verdict = cfg.validate();
     let expected = model.documented_ok();
