@@ -281,13 +281,7 @@ impl Engine {
             }
         };
         // The open can no longer fail: now claim the directories of dead engines.
-        for pd in core.store.roots.proc_dirs() {
-            if let Some(root) = pd.path.parent() {
-                for p in proc::claim_dead(root, pd) {
-                    core.store.cleanup.sweep(p);
-                }
-            }
-        }
+        crate::cleanup::sweep::claim_dead_engines(&core);
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 core,

@@ -166,6 +166,7 @@ struct Case {
     large_record_threshold: Size,
     preallocate: bool,
     cleanup_retry_delay: Dur,
+    orphan_rescan: Dur,
     cleanup_batch: Count,
     root_skip: Dur,
     shutdown_budget: Dur,
@@ -190,6 +191,7 @@ struct Model {
     registered_buffers: u64,
     large_record_threshold: u64,
     cleanup_retry_delay: Duration,
+    orphan_rescan: Duration,
     cleanup_batch: u64,
     root_skip: Duration,
     shutdown_budget: Duration,
@@ -243,6 +245,10 @@ impl Model {
         let d = self.cleanup_retry_delay;
         if d < Duration::from_millis(1) || d > hour {
             return Err("cleanup_retry_delay");
+        }
+        let r = self.orphan_rescan;
+        if r < Duration::from_millis(1) || r > 24 * hour {
+            return Err("orphan_rescan");
         }
         if !(1..=65_536).contains(&self.cleanup_batch) {
             return Err("cleanup_batch");
@@ -360,6 +366,7 @@ fuzz_target!(|case: Case| {
             .cleanup_retry_delay
             .get()
             .unwrap_or(Duration::from_secs(1)),
+        orphan_rescan: case.orphan_rescan.get().unwrap_or(Duration::from_secs(60)),
         cleanup_batch: case.cleanup_batch.get().unwrap_or(1000),
         root_skip: case.root_skip.get().unwrap_or(Duration::from_secs(30)),
         shutdown_budget: case.shutdown_budget.get().unwrap_or(Duration::from_secs(5)),
@@ -414,6 +421,9 @@ fuzz_target!(|case: Case| {
     cfg = cfg.preallocate(case.preallocate);
     if let Some(v) = case.cleanup_retry_delay.get() {
         cfg = cfg.cleanup_retry_delay(v);
+    }
+    if let Some(v) = case.orphan_rescan.get() {
+        cfg = cfg.orphan_rescan(v);
     }
     if let Some(v) = case.cleanup_batch.get() {
         cfg = cfg.cleanup_batch(us(v));
