@@ -95,7 +95,7 @@ impl Members {
         self.more.remove(&id)
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn len(&self) -> usize {
         self.inline.iter().flatten().count() + self.more.len()
     }
