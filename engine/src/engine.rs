@@ -61,6 +61,8 @@ impl EngineInner {
         // The pooled files go the way of every other file, and so do the files of a state
         // released from now on.
         crate::cleanup::close_pool(core);
+        // The recycled shells hold the core: they go now, and none is kept from now on.
+        core.close_shelves();
         let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.

@@ -13,6 +13,7 @@ mod lane;
 mod offload;
 mod op;
 mod psync;
+mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
@@ -22,6 +23,7 @@ pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
 pub(crate) use offload::{Offload, Offloaded};
 pub(crate) use op::*;
+pub(crate) use readbuf::ReadBufs;
 pub(crate) use reaper::{Reaped, Reaper, ReaperThread};
 
 use std::io;

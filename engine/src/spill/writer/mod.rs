@@ -143,7 +143,7 @@ impl SpillWriter {
     pub(crate) fn new(task: Arc<TaskShared>) -> Result<Self> {
         let core = task.core().clone();
         let lane = core.io.pick_lane();
-        let shared = Arc::new(WriterShared::new(core.clone(), lane));
+        let shared = WriterShared::make(&core, lane);
         let hook_id = task
             .register(shared.clone())
             .map_err(|_| task.closed_error())?;
@@ -464,5 +464,10 @@ impl Drop for SpillWriter {
             self.delete_own_files();
             self.task.unregister(self.hook_id);
         }
+        // What the writer holds of its shared part goes first, so the part can be recycled.
+        self.seg = None;
+        self.opening = None;
+        self.growing = None;
+        WriterShared::shelve(&mut self.shared);
     }
 }
