@@ -169,7 +169,8 @@ impl<T> Handoff<T> {
     }
 }
 
-#[cfg(test)]
+// Left out of loom builds, like the other unit tests of std-thread code.
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
