@@ -346,15 +346,21 @@ impl Engine {
             .collect()
     }
 
-    /// Waits up to `timeout` until every queued delete completed, the cleanup worker is idle
-    /// and the reaper closed what it was given. True if that happened. For tests, load
-    /// generators and orderly hand-overs; nothing requires calling it.
+    /// Waits up to `timeout` until the offload pool ran every job it was given (an async
+    /// call's rotation whose future was dropped deletes its own file there), every queued
+    /// delete completed, the cleanup worker is idle and the reaper closed what it was given.
+    /// True if that happened. For tests, load generators and orderly hand-overs; nothing
+    /// requires calling it.
     pub fn settle(&self, timeout: Duration) -> bool {
         let core = &self.inner.core;
         let deadline = Instant::now() + timeout;
         // One counter of all delete work, which a unit moving between the I/O threads and
-        // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`).
-        let ok = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
+        // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`); a job
+        // queues its deletes before it counts itself ended, so the order of the two reads
+        // holds.
+        let ok = wait_until(deadline, || {
+            core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
+        });
         core.io.reaper().flush();
         ok
     }

@@ -9,6 +9,7 @@
 mod buf;
 mod fdcache;
 mod gate;
+mod handoff;
 mod lane;
 mod offload;
 mod op;
@@ -17,7 +18,7 @@ mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, Short};
+pub(crate) use buf::{BufferPool, IoBuf, Short, Take};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;

@@ -106,6 +106,8 @@ pub struct SpillWriter {
     opening: Option<Offloaded<Result<Opened>>>,
     /// An async allocation step of the open segment running on the offload pool (`rotate.rs`).
     growing: Option<Offloaded<std::io::Result<u64>>>,
+    /// An async writer's fresh staging buffer being mapped on the offload pool (`place.rs`).
+    mapping: Option<Offloaded<std::io::Result<crate::io::IoBuf>>>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -164,6 +166,7 @@ impl SpillWriter {
             placing: None,
             opening: None,
             growing: None,
+            mapping: None,
             life: Life::Open,
             core,
         })
