@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::json;
 use spillring::{Engine, EngineConfig, WriteMode};
-use spillring_benches::{KIB, MIB, engine_info, median, quick, scratch, test_mode, write_results};
+use spillring_benches::{
+    KIB, MIB, engine_info, env_or, median, quick, scratch, test_mode, write_results,
+};
 
 const RECORD: usize = 64 * KIB;
 const SLOW_POLL: Duration = Duration::from_millis(10);
@@ -322,14 +324,8 @@ fn main() {
     } else {
         (32, 4)
     };
-    let tasks = std::env::var("SPILLRING_ASYNC_TASKS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(tasks);
-    let reps = std::env::var("SPILLRING_ASYNC_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(reps);
+    let tasks = env_or("SPILLRING_ASYNC_TASKS", tasks);
+    let reps = env_or("SPILLRING_ASYNC_REPS", reps);
     let mut runs = Vec::new();
     for rep in 0..reps {
         // Interleaved, and the order flips each repetition so drift hits both modes alike.

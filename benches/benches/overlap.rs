@@ -34,8 +34,8 @@ use serde_json::json;
 use spillring::{Engine, EngineConfig, WriteMode};
 use spillring_benches::baseline::std_fs;
 use spillring_benches::{
-    MIB, engine_info, median, open_engine, payloads, profile_request, quick, scratch, test_mode,
-    wait_deletes, write_results,
+    MIB, engine_info, env_or, open_engine, payloads, profile_request, quick, scratch, spread,
+    test_mode, wait_deletes, write_results,
 };
 
 const RECORD: usize = MIB;
@@ -117,16 +117,6 @@ fn std_run(dir: &Path, recs: &[Bytes], n: usize, iters: u64) -> Duration {
     .expect("std::fs O_DIRECT baseline run")
 }
 
-/// Median, min and max of `v`, with the number of values.
-fn stats(v: &[f64]) -> serde_json::Value {
-    json!({
-        "n": v.len(),
-        "median": median(&mut v.to_vec()),
-        "min": v.iter().copied().fold(f64::INFINITY, f64::min),
-        "max": v.iter().copied().fold(0.0, f64::max),
-    })
-}
-
 fn main() {
     if let Some(f) = std::env::args().skip(1).find(|a| !a.starts_with('-'))
         && !"overlap".contains(f.as_str())
@@ -136,23 +126,23 @@ fn main() {
     // A profile loop (run without `--bench` by bench_report.py) measures the real sizes.
     let smoke = test_mode() && profile_request().is_none();
     let quick = quick();
-    let bytes: usize = std::env::var("SPILLRING_OVERLAP_BYTES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(match (smoke, quick) {
+    let bytes: usize = env_or(
+        "SPILLRING_OVERLAP_BYTES",
+        match (smoke, quick) {
             (true, _) => 8 * MIB,
             (false, true) => 128 * MIB,
             (false, false) => 1 << 30,
-        });
+        },
+    );
     let n = (bytes / RECORD).max(1);
-    let pairs: usize = std::env::var("SPILLRING_OVERLAP_PAIRS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(match (smoke, quick) {
+    let pairs: usize = env_or(
+        "SPILLRING_OVERLAP_PAIRS",
+        match (smoke, quick) {
             (true, _) => 1,
             (false, true) => 5,
             (false, false) => 7,
-        });
+        },
+    );
     let dir = scratch("overlap").expect("create a scratch directory");
     let std_dir = dir.path().join("std");
     std::fs::create_dir_all(&std_dir).expect("create the baseline directory");
@@ -256,10 +246,10 @@ fn main() {
                 "spins_per_record": iters,
                 "spins_per_s": rate,
             },
-            "engine_vs_longer": stats(&eng_ratio),
-            "std_vs_longer": stats(&std_ratio),
-            "compute_vs_engine_write": stats(&balance),
-            "engine_vs_std": stats(&vs_std),
+            "engine_vs_longer": spread(&eng_ratio),
+            "std_vs_longer": spread(&std_ratio),
+            "compute_vs_engine_write": spread(&balance),
+            "engine_vs_std": spread(&vs_std),
             "rows": rows,
         }),
     )

@@ -32,7 +32,8 @@ use bytes::Bytes;
 use serde_json::json;
 use spillring::{Engine, EngineConfig, WriteMode};
 use spillring_benches::{
-    MIB, engine_info, median, open_engine, payloads, quick, scratch, wait_deletes, write_results,
+    MIB, engine_info, env_or, open_engine, payloads, quick, scratch, spread, wait_deletes,
+    write_results,
 };
 
 const ROUNDS: usize = 6;
@@ -131,16 +132,6 @@ fn fio_round(args: &[String]) -> f64 {
         / 1e6
 }
 
-/// Median, min and max of `v`, with the number of values.
-fn stats(v: &[f64]) -> serde_json::Value {
-    json!({
-        "n": v.len(),
-        "median": median(&mut v.to_vec()),
-        "min": v.iter().copied().fold(f64::INFINITY, f64::min),
-        "max": v.iter().copied().fold(0.0, f64::max),
-    })
-}
-
 fn main() {
     if let Some(f) = std::env::args().skip(1).find(|a| !a.starts_with('-'))
         && !"repeat".contains(f.as_str())
@@ -149,14 +140,14 @@ fn main() {
     }
     let smoke = spillring_benches::test_mode();
     let quick = quick();
-    let bytes: usize = std::env::var("SPILLRING_REPEAT_BYTES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(match (smoke, quick) {
+    let bytes: usize = env_or(
+        "SPILLRING_REPEAT_BYTES",
+        match (smoke, quick) {
             (true, _) => 8 * MIB,
             (false, true) => 128 * MIB,
             (false, false) => 1 << 30,
-        });
+        },
+    );
     let bytes = (bytes / RECORD).max(1) * RECORD;
     let rounds = if smoke { 2 } else { ROUNDS };
     let dir = scratch("repeat").expect("create a scratch directory");
@@ -235,8 +226,8 @@ fn main() {
         .clone()
         .map(|i| fio_mb[i].map(|f| on_mb[i] / f))
         .collect();
-    let vs_off_s = stats(&vs_off);
-    let vs_fio_s = vs_fio.as_deref().map(stats);
+    let vs_off_s = spread(&vs_off);
+    let vs_fio_s = vs_fio.as_deref().map(spread);
     let med = |s: &serde_json::Value| s["median"].as_f64().unwrap_or(f64::NAN);
     eprintln!(
         "repeat: pool on / pool off {:.2}, pool on / fio {}, rounds {}-{rounds}",
@@ -262,9 +253,9 @@ fn main() {
             "fio_version": fio,
             "fio_command": fio.as_ref().map(|_| format!("fio {}", fio_job.join(" "))),
             "fio_note": if fio.is_some() { "measured" } else { "not measured: fio is not installed" },
-            "pool_on_mb_s": stats(&on_mb[counted.clone()]),
-            "pool_off_mb_s": stats(&off_mb[counted.clone()]),
-            "fio_mb_s": fio_mb_counted.as_deref().map(stats),
+            "pool_on_mb_s": spread(&on_mb[counted.clone()]),
+            "pool_off_mb_s": spread(&off_mb[counted.clone()]),
+            "fio_mb_s": fio_mb_counted.as_deref().map(spread),
             "pool_on_vs_pool_off": vs_off_s,
             "pool_on_vs_fio": vs_fio_s,
             "rows": rows,

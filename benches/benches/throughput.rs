@@ -32,8 +32,8 @@ use serde_json::json;
 use spillring::{Engine, EngineConfig, WriteMode};
 use spillring_benches::baseline::{std_fs, tokio_uring};
 use spillring_benches::{
-    KIB, MIB, Run, median, open_engine, payloads, process_cpu, profile_request, quick, scratch,
-    thread_cpu, write_results,
+    KIB, MIB, Run, env_or, median, open_engine, payloads, process_cpu, profile_request, quick,
+    scratch, thread_cpu, write_results,
 };
 
 /// Writes in flight for the tokio-uring baseline (the engine's default queue depth too).
@@ -222,18 +222,15 @@ fn main() {
     }
     let quick = quick();
     let smoke = spillring_benches::test_mode();
-    let total: usize = std::env::var("SPILLRING_TP_BYTES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(match (smoke, quick) {
+    let total: usize = env_or(
+        "SPILLRING_TP_BYTES",
+        match (smoke, quick) {
             (true, _) => 4 * MIB,
             (false, true) => 64 * MIB,
             (false, false) => 1 << 30,
-        });
-    let rounds: usize = std::env::var("SPILLRING_TP_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(if quick || smoke { 1 } else { 5 });
+        },
+    );
+    let rounds: usize = env_or("SPILLRING_TP_ROUNDS", if quick || smoke { 1 } else { 5 });
     let dir = scratch("throughput").expect("create a scratch directory");
     let engines = Engines::open(scratch("throughput-engine").expect("create a scratch directory"));
 

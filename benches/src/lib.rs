@@ -33,10 +33,10 @@ pub use backend::{assert_backend, open_engine, wanted_backend};
 pub use dirs::{out_dir, scratch, scratch_meta};
 pub use heap::{GatedDhat, HeapProfile};
 pub use measure::{Run, cpu_time, process_cpu, rss_bytes, thread_cpu};
-pub use mode::{profile_request, quick, test_mode};
+pub use mode::{env_or, profile_request, quick, test_mode};
 pub use payload::{AlignedBuf, payloads};
 pub use report::{engine_info, write_json, write_results};
-pub use samples::{Samples, criterion, median};
+pub use samples::{Samples, criterion, median, spread};
 pub use wait::{wait_deletes, wait_for};
 
 /// KiB.

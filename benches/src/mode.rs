@@ -25,3 +25,12 @@ pub fn profile_request() -> Option<(String, Duration)> {
         .unwrap_or(5.0);
     Some((what, Duration::from_secs_f64(secs)))
 }
+
+/// The value of the environment variable `var` parsed as a `T`, or `default` when it is unset
+/// or does not parse (the benches' size and repetition overrides).
+pub fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}

@@ -78,6 +78,16 @@ pub fn criterion(sample_size: usize, measure: Duration) -> criterion::Criterion 
         .configure_from_args()
 }
 
+/// Median, min and max of `v`, with the number of values, as the reports' JSON spells them.
+pub fn spread(v: &[f64]) -> serde_json::Value {
+    serde_json::json!({
+        "n": v.len(),
+        "median": median(&mut v.to_vec()),
+        "min": v.iter().copied().fold(f64::INFINITY, f64::min),
+        "max": v.iter().copied().fold(0.0, f64::max),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -127,6 +127,7 @@ pub struct EngineConfig {
     pub(crate) large_record_threshold: usize,
     pub(crate) preallocate: bool,
     pub(crate) cleanup_retry_delay: Duration,
+    pub(crate) orphan_rescan: Duration,
     pub(crate) cleanup_batch: usize,
     pub(crate) pool_max_segments: usize,
     pub(crate) pool_max_bytes: u64,
@@ -184,6 +185,7 @@ impl EngineConfig {
             large_record_threshold: 256 << 10,
             preallocate: false,
             cleanup_retry_delay: Duration::from_secs(1),
+            orphan_rescan: Duration::from_secs(60),
             cleanup_batch: 1000,
             pool_max_segments: 256,
             pool_max_bytes: 1 << 30,
@@ -325,6 +327,16 @@ impl EngineConfig {
     /// jitter of up to 25% is added). Default 1 s. Bounds: 1 ms..=1 h.
     pub fn cleanup_retry_delay(mut self, delay: Duration) -> Self {
         self.cleanup_retry_delay = delay;
+        self
+    }
+
+    /// How often the cleanup worker looks again for the directories of engines that died (or
+    /// were dropped with deletes left) while this engine runs, and claims and sweeps them in
+    /// the background, as `open` does once. Without it, an engine that died beside a
+    /// long-running one would leave its files until the next `open` on the root. Default 60 s.
+    /// Bounds: 1 ms..=24 h.
+    pub fn orphan_rescan(mut self, every: Duration) -> Self {
+        self.orphan_rescan = every;
         self
     }
 
@@ -510,6 +522,12 @@ impl EngineConfig {
             return bad(format!(
                 "cleanup_retry_delay: need 1 ms..=1 h, got {:?}",
                 self.cleanup_retry_delay
+            ));
+        }
+        if !(Duration::from_millis(1)..=24 * hour).contains(&self.orphan_rescan) {
+            return bad(format!(
+                "orphan_rescan: need 1 ms..=24 h, got {:?}",
+                self.orphan_rescan
             ));
         }
         if self.read_buffer_max > 64 << 20 {

@@ -8,9 +8,64 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::EngineConfig;
 use crate::fault::FaultPlan;
-use crate::io::IoHandle;
+use crate::io::{IoHandle, ReadBufs};
 use crate::metrics::Counters;
 use crate::store::Store;
+use crate::store::entry::SegmentEntry;
+
+/// Shells (per-cycle objects) of a kind each [`Shelf`] keeps at most.
+pub(crate) const SHELF_CAP: usize = 64;
+
+/// A recycled shell of the spill layer, type-erased (the core layer does not name it).
+pub(crate) type Shell = Arc<dyn std::any::Any + Send + Sync>;
+
+/// A bounded free list of per-cycle shells (issue 10: a spill cycle allocates at most twice):
+/// a writer's shared state, a state's, the file list of a writer. `put` keeps at most
+/// [`SHELF_CAP`]; `close` (at shutdown) empties it and refuses later puts, so the shells'
+/// references to the engine never keep it alive.
+pub(crate) struct Shelf<T> {
+    items: parking_lot::Mutex<(bool, Vec<T>)>,
+}
+
+impl<T> Shelf<T> {
+    fn new() -> Self {
+        Shelf {
+            items: parking_lot::Mutex::new((false, Vec::with_capacity(SHELF_CAP))),
+        }
+    }
+
+    /// A kept shell, if there is one.
+    pub(crate) fn take(&self) -> Option<T> {
+        self.items.lock().1.pop()
+    }
+
+    /// Keeps `t`; gives it back (for the caller to drop, outside the lock) when the shelf is
+    /// full or closed.
+    pub(crate) fn put(&self, t: T) -> std::result::Result<(), T> {
+        let mut items = self.items.lock();
+        if items.0 || items.1.len() >= SHELF_CAP {
+            return Err(t);
+        }
+        items.1.push(t);
+        Ok(())
+    }
+
+    /// Shells kept now.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn len(&self) -> usize {
+        self.items.lock().1.len()
+    }
+
+    /// Empties the shelf for good (shutdown).
+    fn close(&self) {
+        let items = {
+            let mut items = self.items.lock();
+            items.0 = true;
+            std::mem::take(&mut items.1)
+        };
+        drop(items);
+    }
+}
 
 /// What the engine's threads and handles share.
 pub(crate) struct Core {
@@ -22,6 +77,14 @@ pub(crate) struct Core {
     pub(crate) fault: Option<Arc<FaultPlan>>,
     pub(crate) io: IoHandle,
     pub(crate) store: Store,
+    /// Kept buffers for readers' small-segment `pread`s (bounded: see `io/readbuf.rs`).
+    pub(crate) read_bufs: Arc<ReadBufs>,
+    /// Recycled writer shells (`spill/writer/hook.rs` `WriterShared`).
+    pub(crate) writer_shells: Shelf<Shell>,
+    /// Recycled state shells (`spill/grant.rs` `StateInner`).
+    pub(crate) state_shells: Shelf<Shell>,
+    /// Empty file lists with room for a segment, for the next writer.
+    pub(crate) entry_lists: Shelf<Vec<SegmentEntry>>,
     /// Set once a shutdown began: admission of new tasks and writers stops.
     shut: AtomicBool,
 }
@@ -39,6 +102,10 @@ impl Core {
     pub(crate) fn new(cfg: EngineConfig, id: u64, io: IoHandle, store: Store) -> Self {
         Core {
             fault: cfg.fault_plan.clone(),
+            read_bufs: ReadBufs::new(cfg.read_buffer_max),
+            writer_shells: Shelf::new(),
+            state_shells: Shelf::new(),
+            entry_lists: Shelf::new(),
             cfg,
             id,
             counters: Counters::default(),
@@ -59,6 +126,14 @@ impl Core {
         self.shut.swap(true, Ordering::AcqRel)
     }
 
+    /// Empties the shells' shelves for good (shutdown): a shell holds the core, and the
+    /// shelves are the core's.
+    pub(crate) fn close_shelves(&self) {
+        self.writer_shells.close();
+        self.state_shells.close();
+        self.entry_lists.close();
+    }
+
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut.load(Ordering::Acquire)
     }
@@ -67,3 +142,23 @@ impl Core {
 /// Keeps the engine (its threads) alive while a handle lives, without the handle's layer
 /// naming the engine's type.
 pub(crate) type EngineGuard = Arc<dyn Send + Sync>;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shelf_keeps_its_bound_and_nothing_once_closed() {
+        let shelf = Shelf::new();
+        for i in 0..SHELF_CAP {
+            assert!(shelf.put(i).is_ok());
+        }
+        assert_eq!(shelf.put(SHELF_CAP), Err(SHELF_CAP), "full: given back");
+        assert_eq!(shelf.len(), SHELF_CAP);
+        assert_eq!(shelf.take(), Some(SHELF_CAP - 1));
+        shelf.close();
+        assert_eq!(shelf.len(), 0, "closing empties it");
+        assert_eq!(shelf.put(1), Err(1), "closed: refused");
+        assert_eq!(shelf.take(), None);
+    }
+}

@@ -62,6 +62,8 @@ impl EngineInner {
         // The pooled files go the way of every other file, and so do the files of a state
         // released from now on.
         crate::cleanup::close_pool(core);
+        // The recycled shells hold the core: they go now, and none is kept from now on.
+        core.close_shelves();
         let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
@@ -282,13 +284,7 @@ impl Engine {
             }
         };
         // The open can no longer fail: now claim the directories of dead engines.
-        for pd in core.store.roots.proc_dirs() {
-            if let Some(root) = pd.path.parent() {
-                for p in proc::claim_dead(root, pd) {
-                    core.store.cleanup.sweep(p);
-                }
-            }
-        }
+        crate::cleanup::sweep::claim_dead_engines(&core);
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 core,
@@ -351,15 +347,21 @@ impl Engine {
             .collect()
     }
 
-    /// Waits up to `timeout` until every queued delete completed, the cleanup worker is idle
-    /// and the reaper closed what it was given. True if that happened. For tests, load
-    /// generators and orderly hand-overs; nothing requires calling it.
+    /// Waits up to `timeout` until the offload pool ran every job it was given (an async
+    /// call's rotation whose future was dropped deletes its own file there), every queued
+    /// delete completed, the cleanup worker is idle and the reaper closed what it was given.
+    /// True if that happened. For tests, load generators and orderly hand-overs; nothing
+    /// requires calling it.
     pub fn settle(&self, timeout: Duration) -> bool {
         let core = &self.inner.core;
         let deadline = Instant::now() + timeout;
         // One counter of all delete work, which a unit moving between the I/O threads and
-        // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`).
-        let ok = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
+        // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`); a job
+        // queues its deletes before it counts itself ended, so the order of the two reads
+        // holds.
+        let ok = wait_until(deadline, || {
+            core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
+        });
         core.io.reaper().flush();
         ok
     }
@@ -432,7 +434,7 @@ impl Engine {
                 out.push(OwnedFile::of(
                     v,
                     FileKind::Live,
-                    Some(t.id.clone()),
+                    Some(t.id.as_str().to_owned()),
                     &root_of,
                 ));
             }

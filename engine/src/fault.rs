@@ -20,6 +20,7 @@
 //! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
 //! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
 //! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
+//! | `BufferMap` | a writer about to map a fresh staging buffer (an async writer: on the offload pool) | the map fails: the write fails with an I/O error |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -71,10 +72,14 @@ pub enum FaultPoint {
     /// tree. `FailAfter(ENOENT)` stages the race of a file gone between the sweep's readdir
     /// and its unlink.
     SweepUnlink,
+    /// `buffer::map`: a writer is about to map a fresh staging buffer (none free in the pool):
+    /// on the offload pool for an async writer, on its own thread for a blocking one.
+    /// Pausing here shows where the map runs; `Fail` is a map that fails.
+    BufferMap,
 }
 
 /// Number of fault points.
-const POINTS: usize = 13;
+const POINTS: usize = 14;
 
 impl FaultPoint {
     /// Every fault point.
@@ -92,6 +97,7 @@ impl FaultPoint {
         FaultPoint::PublishRename,
         FaultPoint::WriterReopen,
         FaultPoint::SweepUnlink,
+        FaultPoint::BufferMap,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -110,6 +116,7 @@ impl FaultPoint {
             FaultPoint::PublishRename => "state::publish_rename",
             FaultPoint::WriterReopen => "writer::reopen",
             FaultPoint::SweepUnlink => "cleanup::sweep_unlink",
+            FaultPoint::BufferMap => "buffer::map",
         }
     }
 

@@ -27,6 +27,9 @@ per_backend!(
     finish_async_trims_direct_mode_allocations,
     next_record_async_reads_ahead_and_a_dropped_reader_leaves_nothing,
     record_async_slots_round_trip,
+    a_fresh_staging_buffer_is_mapped_off_the_callers_thread,
+    a_failed_buffer_map_fails_the_write_and_leaves_nothing,
+    settle_waits_for_a_dropped_futures_rotation_to_delete_its_file,
 );
 
 fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
@@ -359,4 +362,140 @@ fn wait_until(mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(5));
     }
     f()
+}
+
+/// An async writer that needs a fresh staging buffer (none free: the others are in flight)
+/// maps it on the offload pool, never in its poll: `mmap` takes the process's mmap lock for
+/// writing, and the first touch of fresh pages faults (issue 13, point 2; seen in the
+/// `async_poll` bench as tokio workers asleep in `mmap` and in page faults of `copy_some`).
+/// As in `a_rotation_never_runs_on_the_callers_thread`: with the map paused, the runtime's
+/// only thread still runs the task that releases it; on a tree that maps in the poll, that
+/// thread sits in the pause and only the watchdog ends it.
+fn a_fresh_staging_buffer_is_mapped_off_the_callers_thread(b: BackendKind) {
+    for mode in both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new(3);
+        let engine = Engine::open(cfg(dir.path(), b).mode(mode).fault_plan(plan.clone())).unwrap();
+        let pause = plan.pause_once(FaultPoint::BufferMap);
+        let by_watchdog = Arc::new(AtomicBool::new(false));
+        let watchdog = {
+            let (pause, by_watchdog) = (pause.clone(), by_watchdog.clone());
+            std::thread::spawn(move || {
+                assert!(pause.wait_reached(T), "no fresh buffer was ever mapped");
+                std::thread::sleep(Duration::from_secs(1));
+                by_watchdog.store(true, Ordering::SeqCst);
+                pause.release();
+            })
+        };
+        let rt = current_thread();
+        let task = engine.task("bufmap").unwrap();
+        let t2 = task.clone();
+        let (released_by_runtime, n) = rt.block_on(async move {
+            let writer = tokio::spawn(async move {
+                let mut w = t2.writer().unwrap();
+                // 10 KB records, 64 KiB buffers: many flushes, so buffers go in flight and
+                // the pool maps more.
+                for i in 0..60 {
+                    w.write_async(Bytes::from(record(i, 10_000))).await?;
+                }
+                let st = w.finish_async().await?;
+                let mut r = st.reader()?;
+                let mut n = 0u64;
+                while let Some(rec) = r.next_record_async().await? {
+                    assert_eq!(&rec[..], &record(n, 10_000)[..]);
+                    n += 1;
+                }
+                Ok::<_, SpillError>(n)
+            });
+            while !pause.is_reached() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mine = !by_watchdog.load(Ordering::SeqCst);
+            pause.release();
+            (mine, writer.await.unwrap())
+        });
+        watchdog.join().unwrap();
+        assert!(
+            released_by_runtime,
+            "{mode:?}: the runtime thread was stuck while a staging buffer was being mapped"
+        );
+        assert_eq!(n.unwrap(), 60);
+        assert!(plan.fired(FaultPoint::BufferMap) >= 1);
+        drop(task);
+        assert_clean(&engine, dir.path());
+    }
+}
+
+/// A staging buffer whose map fails (on the offload pool) fails the async write with an I/O
+/// error, and the writer's files are deleted once.
+fn a_failed_buffer_map_fails_the_write_and_leaves_nothing(b: BackendKind) {
+    for mode in both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new(4);
+        let engine = Engine::open(cfg(dir.path(), b).mode(mode).fault_plan(plan.clone())).unwrap();
+        plan.fail_always(FaultPoint::BufferMap, libc::ENOMEM);
+        let rt = current_thread();
+        let task = engine.task("bufmap-fail").unwrap();
+        let t2 = task.clone();
+        let err = rt.block_on(async move {
+            let mut w = t2.writer().unwrap();
+            for i in 0..60 {
+                if let Err(e) = w.write_async(Bytes::from(record(i, 10_000))).await {
+                    return e;
+                }
+            }
+            panic!("{mode:?}: every write passed though each fresh buffer's map fails");
+        });
+        match &err {
+            SpillError::Io { source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM), "{err}")
+            }
+            other => panic!("{mode:?}: expected the map's I/O error, got {other}"),
+        }
+        assert!(plan.fired(FaultPoint::BufferMap) >= 1);
+        drop(task);
+        let m = assert_clean(&engine, dir.path());
+        assert!(m.files_deleted >= 1, "{mode:?}: {m:?}");
+    }
+}
+
+/// A `write_async` future dropped while its rotation sits between the create and the abort
+/// check (paused there, on the offload pool): the writer gives its files up at its next call
+/// (poisoned), so the rotation, when it goes on, finds its file refused and deletes it itself.
+/// `settle` waits for that rotation: before, it looked only at queued deletes, returned while
+/// the rotation had not yet queued its own, and `assert_clean` saw the file (the way
+/// `a_dropped_write_future_mid_rotation_leaves_no_file` failed once under load: the file
+/// appears before the rotation records it).
+fn settle_waits_for_a_dropped_futures_rotation_to_delete_its_file(b: BackendKind) {
+    for mode in both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new(5);
+        let engine = Engine::open(cfg(dir.path(), b).mode(mode).fault_plan(plan.clone())).unwrap();
+        let task = engine.task("dropped-late").unwrap();
+        let mut w = task.writer().unwrap();
+        let pause = plan.pause_once(FaultPoint::WriterAfterCreate);
+        {
+            let fut = pin!(w.write_async(Bytes::from(record(0, 1000))));
+            assert!(
+                poll_once(fut).is_pending(),
+                "the rotation must be offloaded"
+            );
+            assert!(pause.wait_reached(T));
+        }
+        assert_eq!(segment_files(dir.path()), 1, "created, not yet recorded");
+        let err = w.write(Bytes::from(record(1, 1000))).unwrap_err();
+        assert!(matches!(err, SpillError::WriteFutureDropped), "{err}");
+        drop(w);
+        drop(task);
+        let releaser = {
+            let pause = pause.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                pause.release();
+            })
+        };
+        let m = assert_clean(&engine, dir.path());
+        assert_eq!(m.files_deleted, 1, "{mode:?}: deleted once: {m:?}");
+        releaser.join().unwrap();
+    }
 }

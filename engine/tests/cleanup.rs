@@ -19,6 +19,7 @@ per_backend!(
     failed_records_rotate_to_the_back,
     eight_ready_records_drain_at_once_after_a_success,
     shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it,
+    an_engine_that_dies_beside_a_live_one_is_swept_by_it_without_a_new_open,
 );
 
 const T: Duration = Duration::from_secs(20);
@@ -279,6 +280,48 @@ fn shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it
     let m = assert_clean(&next, dir.path());
     assert_eq!(m.orphan_files_swept, 11);
     assert_eq!(m.orphan_dirs_swept, 1);
+}
+
+/// An engine dropped with deletes left beside a long-running engine on the same root: the
+/// live engine's open came first, so it found nothing to claim then; its periodic rescan
+/// (`orphan_rescan`) claims the dead directory and sweeps it, with no new open. Without the
+/// rescan the files stayed until some later open.
+fn an_engine_that_dies_beside_a_live_one_is_swept_by_it_without_a_new_open(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Engine::open(cfg(dir.path(), b).orphan_rescan(Duration::from_millis(50))).unwrap();
+    let plan = FaultPlan::new(8);
+    let dying = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = dying.task("leftover").unwrap();
+    let st = spill_segments(&task, 6);
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
+    drop(st);
+    let report = dying.shutdown(Duration::from_millis(100));
+    assert_eq!(report.cleanup_pending, 6, "{report:?}");
+    let dead_dirs = dying.process_dirs();
+    drop((task, dying));
+    wait_unlocked(&dead_dirs);
+    assert_eq!(
+        files_under(dir.path()).len(),
+        6,
+        "the dead engine left its files"
+    );
+    wait_for("the live engine to sweep the dead one's files", || {
+        let m = live.metrics();
+        m.orphan_files_swept == 6 && m.orphan_dirs_swept == 1
+    });
+    assert!(
+        dead_dirs.iter().all(|d| !d.exists()),
+        "the dead engine's directory is gone"
+    );
+    let m = assert_clean(&live, dir.path());
+    assert_eq!(m.orphan_files_swept, 6);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 mod common;
 use common::*;
 
+use std::path::Path;
 use std::time::Duration;
 
 use spillring::testing::fd_stats;
@@ -224,19 +225,26 @@ fn eviction_and_reopen_keep_every_record_in_both_modes(b: BackendKind) {
     }
 }
 
-/// A writer whose fd the bound closed is cancelled: the cancel deletes its files (once: the
-/// reopen never creates), the writer's next write is `Aborted`, not a `NotFound` from the
-/// reopen, and nothing is left.
-fn cancel_of_a_writer_whose_fd_was_evicted_deletes_its_files_once(b: BackendKind) {
-    let dir = tempfile::tempdir().unwrap();
+/// An engine whose writers share one segment fd (4 KiB staging buffers, 64 KiB segments),
+/// warmed up.
+fn one_fd_engine(dir: &Path, b: BackendKind) -> Engine {
     let engine = Engine::open(
-        cfg(dir.path(), b)
+        cfg(dir, b)
             .io_buffer_size(4096)
             .segment_size(64 << 10)
             .max_open_files(1),
     )
     .unwrap();
     warm(&engine);
+    engine
+}
+
+/// A writer whose fd the bound closed is cancelled: the cancel deletes its files (once: the
+/// reopen never creates), the writer's next write is `Aborted`, not a `NotFound` from the
+/// reopen, and nothing is left.
+fn cancel_of_a_writer_whose_fd_was_evicted_deletes_its_files_once(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = one_fd_engine(dir.path(), b);
     let deleted_before = engine.metrics().files_deleted;
     let task = engine.task("cancel").unwrap();
     let other = engine.task("other").unwrap();
@@ -282,14 +290,7 @@ fn cancel_of_a_writer_whose_fd_was_evicted_deletes_its_files_once(b: BackendKind
 /// gone and the writer reports `Aborted`, never a NotFound; the file is deleted once.
 fn a_cancel_under_a_reopen_is_aborted_and_deletes_once(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(
-        cfg(dir.path(), b)
-            .io_buffer_size(4096)
-            .segment_size(64 << 10)
-            .max_open_files(1),
-    )
-    .unwrap();
-    warm(&engine);
+    let engine = one_fd_engine(dir.path(), b);
     let deleted_before = engine.metrics().files_deleted;
     let task = engine.task("reopen").unwrap();
     let other = engine.task("other").unwrap();

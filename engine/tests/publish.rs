@@ -7,8 +7,11 @@ use common::*;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
+
+use tempfile::TempDir;
 
 use spillring::{
     BackendKind, Bytes, Engine, FaultAction, FaultPlan, FaultPoint, PublishOptions, SegmentReader,
@@ -68,6 +71,15 @@ fn read_published(paths: &[PathBuf]) {
     assert_eq!(n, RECS);
 }
 
+/// The rename after the first `skip` ones fails once with `errno`.
+fn fail_rename(plan: &FaultPlan, errno: i32, skip: u64) {
+    plan.arm(
+        FaultPoint::PublishRename,
+        FaultAction::Fail(errno),
+        Trigger::After { skip, times: 1 },
+    );
+}
+
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -85,15 +97,24 @@ fn engine(root: &Path, b: BackendKind, plan: Option<std::sync::Arc<FaultPlan>>) 
     Engine::open(c).unwrap()
 }
 
+/// What most tests start from: a root, a destination directory, a fault plan, an engine on the
+/// root with 64 KiB segments and that plan, and a task scope.
+type Setup = (TempDir, TempDir, Arc<FaultPlan>, Engine, TaskSpill);
+
+fn setup(b: BackendKind, seed: u64, task: &str) -> Setup {
+    let root = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(seed);
+    let engine = engine(root.path(), b, Some(plan.clone()));
+    let task = engine.task(task).unwrap();
+    (root, dest, plan, engine, task)
+}
+
 /// The case: with one destination name taken, the publish moved segment 0 and deleted
 /// the other four. Now it checks every name first: nothing moves, the error names the taken
 /// path and all the targets, and the state reads on and can publish elsewhere.
 fn a_taken_kth_name_moves_nothing_and_the_state_reads_on(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(0);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("collide").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 0, "collide");
     let st = spill(&task);
     let taken = dest.path().join("out-000003.bin");
     std::fs::write(&taken, b"theirs").unwrap();
@@ -146,11 +167,7 @@ fn a_taken_kth_name_moves_nothing_and_the_state_reads_on(b: BackendKind) {
 /// process creates it). `RENAME_NOREPLACE` refuses it, and the three files already moved are
 /// moved back.
 fn a_name_taken_during_the_publish_is_refused_and_what_moved_comes_back(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(1);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("race").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 1, "race");
     let st = std::sync::Arc::new(spill(&task));
     let before = st.paths();
     // Pause before the fourth rename (segments 0, 1 and 2 have moved).
@@ -193,17 +210,9 @@ fn a_name_taken_during_the_publish_is_refused_and_what_moved_comes_back(b: Backe
 /// A rename that fails with an I/O error part way (the fault hook): the files already moved
 /// come back, the error says which rename failed, the state is whole and publishes on retry.
 fn a_rename_failing_part_way_rolls_back(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(2);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("eio").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 2, "eio");
     let st = spill(&task);
-    plan.arm(
-        FaultPoint::PublishRename,
-        FaultAction::Fail(libc::EIO),
-        Trigger::After { skip: 2, times: 1 },
-    );
+    fail_rename(&plan, libc::EIO, 2);
     let e = st.publish(dest.path(), "out").unwrap_err();
     assert!(
         matches!(&e, SpillError::PublishFailed { path, stranded, source, .. }
@@ -296,10 +305,7 @@ fn a_move_back_that_fails_strands_that_file_and_says_so(b: BackendKind) {
 
 /// A reader or a clone alive: `StateShared` (publish needs the only grant), nothing changed.
 fn a_live_reader_or_clone_is_its_own_error(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let engine = engine(root.path(), b, None);
-    let task = engine.task("shared").unwrap();
+    let (root, dest, _, engine, task) = setup(b, 0, "shared");
     let st = spill(&task);
     let mut r = st.reader().unwrap();
     assert_eq!(r.next_record().unwrap().unwrap(), record(0, REC_LEN));
@@ -355,17 +361,9 @@ fn a_destination_on_another_filesystem_is_refused_with_exdev_explained(b: Backen
 /// `EXDEV` from the rename itself (a bind mount of the same filesystem has the same device
 /// number, so only the rename finds it; injected here): rolled back, the same variant.
 fn a_rename_across_mounts_rolls_back_with_exdev_explained(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(4);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("xdev2").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 4, "xdev2");
     let st = spill(&task);
-    plan.arm(
-        FaultPoint::PublishRename,
-        FaultAction::Fail(libc::EXDEV),
-        Trigger::After { skip: 1, times: 1 },
-    );
+    fail_rename(&plan, libc::EXDEV, 1);
     let e = st.publish(dest.path(), "out").unwrap_err();
     assert!(
         matches!(&e, SpillError::PublishCrossesFilesystems { .. }),
@@ -387,11 +385,7 @@ fn mode(p: &Path) -> u32 {
 /// engine's 0600; a mode with other bits is refused; a failed publish gives the engine's files
 /// their private mode back.
 fn the_mode_is_the_callers_choice(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(7);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("mode").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 7, "mode");
 
     let st = spill(&task);
     let e = st
@@ -403,11 +397,7 @@ fn the_mode_is_the_callers_choice(b: BackendKind) {
     );
     // A publish with a mode that fails after the modes were set (the third rename): the
     // files are private again.
-    plan.arm(
-        FaultPoint::PublishRename,
-        FaultAction::Fail(libc::EIO),
-        Trigger::After { skip: 2, times: 1 },
-    );
+    fail_rename(&plan, libc::EIO, 2);
     let e = st
         .publish_with(dest.path(), "out", PublishOptions::default().mode(0o644))
         .unwrap_err();
@@ -555,11 +545,7 @@ fn check_damage(good: &Path) {
 /// moves them back, and then, the scope having closed the state meanwhile, deletes the files
 /// as the close would have. Nothing of the engine is left; the planted file is untouched.
 fn a_cancel_during_a_failing_publish_deletes_the_files(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(5);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("cancel").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 5, "cancel");
     let st = std::sync::Arc::new(spill(&task));
     let pause = plan.pause_once(FaultPoint::PublishRename);
     let s2 = st.clone();
@@ -580,11 +566,7 @@ fn a_cancel_during_a_failing_publish_deletes_the_files(b: BackendKind) {
 /// A cancel while a publish that succeeds is under way: the publish completes (the files are
 /// the caller's, their tickets released), and the close finds nothing of the state to delete.
 fn a_cancel_during_a_publish_that_succeeds_leaves_the_files_to_the_caller(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let plan = FaultPlan::new(6);
-    let engine = engine(root.path(), b, Some(plan.clone()));
-    let task = engine.task("cancel-ok").unwrap();
+    let (root, dest, plan, engine, task) = setup(b, 6, "cancel-ok");
     let st = std::sync::Arc::new(spill(&task));
     let pause = plan.pause_once(FaultPoint::PublishRename);
     let s2 = st.clone();
@@ -606,10 +588,7 @@ fn a_cancel_during_a_publish_that_succeeds_leaves_the_files_to_the_caller(b: Bac
 /// vanished from under the state (someone deleted it) fails the publish at that file with
 /// nothing moved.
 fn bad_destinations_and_prefixes_change_nothing(b: BackendKind) {
-    let root = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let engine = engine(root.path(), b, None);
-    let task = engine.task("bad").unwrap();
+    let (root, dest, _, engine, task) = setup(b, 0, "bad");
     let st = spill(&task);
     let file = dest.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();

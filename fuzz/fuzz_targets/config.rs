@@ -166,6 +166,7 @@ struct Case {
     large_record_threshold: Size,
     preallocate: bool,
     cleanup_retry_delay: Dur,
+    orphan_rescan: Dur,
     cleanup_batch: Count,
     root_skip: Dur,
     shutdown_budget: Dur,
@@ -173,6 +174,7 @@ struct Case {
     pool_max_bytes: Size,
     read_buffer_max: Size,
     max_open_files: Count,
+    max_buffer_memory: Size,
 }
 
 /// The configuration as the harness sees it (defaults filled in, per the setters' docs).
@@ -189,12 +191,14 @@ struct Model {
     registered_buffers: u64,
     large_record_threshold: u64,
     cleanup_retry_delay: Duration,
+    orphan_rescan: Duration,
     cleanup_batch: u64,
     root_skip: Duration,
     shutdown_budget: Duration,
     pool_max_segments: u64,
     read_buffer_max: u64,
     max_open_files: u64,
+    max_buffer_memory: u64,
 }
 
 impl Model {
@@ -242,6 +246,10 @@ impl Model {
         if d < Duration::from_millis(1) || d > hour {
             return Err("cleanup_retry_delay");
         }
+        let r = self.orphan_rescan;
+        if r < Duration::from_millis(1) || r > 24 * hour {
+            return Err("orphan_rescan");
+        }
         if !(1..=65_536).contains(&self.cleanup_batch) {
             return Err("cleanup_batch");
         }
@@ -260,6 +268,9 @@ impl Model {
         }
         if !(1..=1 << 20).contains(&self.max_open_files) {
             return Err("max_open_files");
+        }
+        if !(self.io_buffer_size..=1 << 40).contains(&self.max_buffer_memory) {
+            return Err("max_buffer_memory");
         }
         Ok(())
     }
@@ -355,12 +366,14 @@ fuzz_target!(|case: Case| {
             .cleanup_retry_delay
             .get()
             .unwrap_or(Duration::from_secs(1)),
+        orphan_rescan: case.orphan_rescan.get().unwrap_or(Duration::from_secs(60)),
         cleanup_batch: case.cleanup_batch.get().unwrap_or(1000),
         root_skip: case.root_skip.get().unwrap_or(Duration::from_secs(30)),
         shutdown_budget: case.shutdown_budget.get().unwrap_or(Duration::from_secs(5)),
         pool_max_segments: case.pool_max_segments.get().unwrap_or(256),
         read_buffer_max: case.read_buffer_max.get().unwrap_or(256 << 10),
         max_open_files: case.max_open_files.get().unwrap_or(1024),
+        max_buffer_memory: case.max_buffer_memory.get().unwrap_or(128 << 20),
     };
 
     // Through the builder, setting only what the case sets (defaults stay the builder's own).
@@ -409,6 +422,9 @@ fuzz_target!(|case: Case| {
     if let Some(v) = case.cleanup_retry_delay.get() {
         cfg = cfg.cleanup_retry_delay(v);
     }
+    if let Some(v) = case.orphan_rescan.get() {
+        cfg = cfg.orphan_rescan(v);
+    }
     if let Some(v) = case.cleanup_batch.get() {
         cfg = cfg.cleanup_batch(us(v));
     }
@@ -429,6 +445,9 @@ fuzz_target!(|case: Case| {
     }
     if let Some(v) = case.max_open_files.get() {
         cfg = cfg.max_open_files(us(v));
+    }
+    if let Some(v) = case.max_buffer_memory.get() {
+        cfg = cfg.max_buffer_memory(us(v));
     }
     let verdict = cfg.validate();
     let expected = model.documented_ok();

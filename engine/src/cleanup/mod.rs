@@ -151,13 +151,16 @@ impl OpSink for DeleteBatch {
     }
 }
 
+/// The longest emptied file list [`recycle`] keeps for reuse (segments).
+const MAX_KEPT_LIST: usize = 4;
+
 /// Returns a finished state's files to the segment pool, the ones it has room for and that no
 /// live mapping points into (`mapped(i)`: a `Bytes` a caller holds must never change), and
 /// queues the deletes of the rest. Never waits.
 pub(crate) fn recycle(
     core: &Arc<Core>,
     lane: usize,
-    entries: Vec<SegmentEntry>,
+    mut entries: Vec<SegmentEntry>,
     mapped: impl Fn(usize) -> bool,
 ) {
     let pool = &core.store.pool;
@@ -165,7 +168,7 @@ pub(crate) fn recycle(
         return delete_segments(core, lane, entries);
     }
     let mut rest = Vec::new();
-    for (i, e) in entries.into_iter().enumerate() {
+    for (i, e) in entries.drain(..).enumerate() {
         if mapped(i) {
             rest.push(e);
             continue;
@@ -174,6 +177,11 @@ pub(crate) fn recycle(
             Counters::add(&core.counters.pool_trims, 1);
             rest.push(e);
         }
+    }
+    // The emptied list of a small state serves the next writer (no allocation for its file
+    // list); a long one is freed.
+    if entries.capacity() <= MAX_KEPT_LIST {
+        let _ = core.entry_lists.put(entries);
     }
     delete_segments(core, lane, rest);
 }

@@ -1,6 +1,6 @@
 //! The crash sweep's second half: deleting, on the cleanup worker's thread, the directory
-//! trees of dead engines that `store::proc::claim` moved into this engine's own directory at
-//! open.
+//! trees of dead engines that `store::proc::claim_dead` moved into this engine's own directory
+//! (at open, and then every `orphan_rescan`).
 
 use std::io;
 use std::path::Path;
@@ -9,6 +9,20 @@ use std::sync::Arc;
 use crate::core::Core;
 use crate::fault::{self, FaultPoint, Injected};
 use crate::metrics::Counters;
+
+/// Claims the directories of dead engines under each of this engine's roots and queues their
+/// trees for [`delete_tree`]. Runs once the open can no longer fail, and then every
+/// `orphan_rescan` on the worker's thread (an engine may die, or be dropped with deletes left,
+/// while this one runs).
+pub(crate) fn claim_dead_engines(core: &Core) {
+    for pd in core.store.roots.proc_dirs() {
+        if let Some(root) = pd.path.parent() {
+            for p in crate::store::proc::claim_dead(root, pd) {
+                core.store.cleanup.sweep(p);
+            }
+        }
+    }
+}
 
 /// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
 /// it cannot remove is retried later, and if the engine stops first, the next open sweeps it

@@ -74,8 +74,13 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
         let _ = crate::fault::check(&core.fault, FaultPoint::CleanupTake);
     };
     let take: Option<&dyn Fn()> = (crate::fault::ENABLED && core.fault.is_some()).then_some(&take);
-    while let Some(work) = cl.next_work(core.cfg.cleanup_batch, take) {
+    let mut rescan_at = Instant::now() + core.cfg.orphan_rescan;
+    while let Some(work) = cl.next_work_until(core.cfg.cleanup_batch, take, Some(rescan_at)) {
         match work {
+            Work::Tick => {
+                super::sweep::claim_dead_engines(&core);
+                rescan_at = Instant::now() + core.cfg.orphan_rescan;
+            }
             Work::Records(batch) => {
                 let failed = run_batch(&core, batch);
                 let retry_at = (!failed.is_empty()).then(|| {

@@ -120,6 +120,44 @@ pub(crate) enum Short {
     Io(io::Error),
 }
 
+/// What [`BufferPool::try_take`] found.
+pub(crate) enum Take {
+    /// A free buffer.
+    Free(IoBuf),
+    /// Room in the budget for a buffer still to map.
+    Map(Mapping),
+}
+
+/// A buffer to map, its bytes counted in the budget (given back if it is dropped unmapped),
+/// with the free buffers unmapped to make room for it.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pool: Arc<BufferPool>,
+    len: usize,
+    full: bool,
+    victims: Vec<MmapMut>,
+    /// Its bytes are still counted here (not yet handed to a map).
+    counted: bool,
+}
+
+impl Mapping {
+    /// Unmaps the free buffers it took and maps the new one (faulting its pages in if
+    /// `populate`). Blocking: on a thread that may (a blocking writer's, the offload pool).
+    pub(crate) fn map(mut self, populate: bool) -> io::Result<IoBuf> {
+        self.victims.clear();
+        self.counted = false;
+        self.pool.map_new(self.len, self.full, populate)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.counted {
+            self.pool.mapped.fetch_sub(self.len, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Free buffers and the waiters for a returned one.
 #[derive(Debug, Default)]
 struct Free {
@@ -164,7 +202,11 @@ impl BufferPool {
             max_slots,
             retain,
             budget: budget.max(size),
-            free: Mutex::new(Free::default()),
+            // Room for every slot up front: a return never grows the list on a writer's path.
+            free: Mutex::new(Free {
+                slotted: Vec::with_capacity(max_slots),
+                ..Free::default()
+            }),
             returned: Condvar::new(),
             next_slot: AtomicUsize::new(0),
             mapped: AtomicUsize::new(0),
@@ -223,7 +265,35 @@ impl BufferPool {
     /// A buffer, empty, of the full size if the budget allows (see the module docs), never
     /// smaller than `at_least` if that is possible at all. Maps a new one when none is free.
     pub(crate) fn try_get(self: &Arc<Self>, at_least: usize) -> Result<IoBuf, Short> {
-        let mut free = self.free.lock();
+        match self.try_take(at_least)? {
+            Take::Free(b) => Ok(b),
+            Take::Map(m) => m.map(false).map_err(Short::Io),
+        }
+    }
+
+    /// As [`BufferPool::try_get`], but a buffer that must first be mapped comes as a
+    /// [`Mapping`] (its bytes already counted in the budget) for the caller to map where it
+    /// may block: an async writer maps it on the offload pool, never in its poll (an `mmap`
+    /// or `munmap` takes the process's mmap lock for writing, which waits for every other
+    /// thread's page fault and map; the first touch of fresh pages waits for the same lock).
+    pub(crate) fn try_take(self: &Arc<Self>, at_least: usize) -> Result<Take, Short> {
+        self.take_locked(self.free.lock(), at_least)
+    }
+
+    /// As [`BufferPool::try_take`], for an async caller's poll: `None` if the free-list lock
+    /// is held (a write's buffer coming back on an I/O thread), where `try_take` would wait
+    /// for it, and park the thread if its holder was preempted. The caller wakes its task to
+    /// look again.
+    pub(crate) fn try_take_now(self: &Arc<Self>, at_least: usize) -> Option<Result<Take, Short>> {
+        let free = self.free.try_lock()?;
+        Some(self.take_locked(free, at_least))
+    }
+
+    fn take_locked(
+        self: &Arc<Self>,
+        mut free: parking_lot::MutexGuard<'_, Free>,
+        at_least: usize,
+    ) -> Result<Take, Short> {
         let epoch = free.returns;
         if free.plain.is_empty() {
             free.plain = (0..self.classes()).map(|_| Vec::new()).collect();
@@ -245,26 +315,47 @@ impl BufferPool {
         if want == top
             && let Some((map, slot)) = free.slotted.pop()
         {
-            return Ok(self.wrap(map, Some(slot)));
+            return Ok(Take::Free(self.wrap(map, Some(slot))));
         }
         if let Some(map) = free.plain[want].pop() {
-            return Ok(self.wrap(map, None));
+            return Ok(Take::Free(self.wrap(map, None)));
         }
         // Map one of the size asked or smaller (not below `floor`), making room by unmapping
         // free buffers.
+        let mut victims = Vec::new();
         for k in (floor..=want).rev() {
             let len = self.class_size(k);
-            if self.make_room(&mut free, len) {
-                return self.map_new(len, k == top).map_err(Short::Io);
+            if self.make_room(&mut free, len, &mut victims) {
+                return Ok(Take::Map(Mapping {
+                    pool: self.clone(),
+                    len,
+                    full: k == top,
+                    victims,
+                    counted: true,
+                }));
             }
         }
-        // Any free buffer big enough, of any size.
+        // Free buffers taken out for room that did not come (no longer counted) are
+        // unmapped after the lock.
+        let r = self.any_free(&mut free, floor, epoch);
+        drop(free);
+        drop(victims);
+        r
+    }
+
+    /// Any free buffer of at least class `floor`, else why there is none.
+    fn any_free(
+        self: &Arc<Self>,
+        free: &mut Free,
+        floor: usize,
+        epoch: u64,
+    ) -> Result<Take, Short> {
         if let Some((map, slot)) = free.slotted.pop() {
-            return Ok(self.wrap(map, Some(slot)));
+            return Ok(Take::Free(self.wrap(map, Some(slot))));
         }
         for k in floor..self.classes() {
             if let Some(map) = free.plain[k].pop() {
-                return Ok(self.wrap(map, None));
+                return Ok(Take::Free(self.wrap(map, None)));
             }
         }
         if self.in_flight.load(Ordering::Relaxed) > 0 {
@@ -277,9 +368,10 @@ impl BufferPool {
         }
     }
 
-    /// Counts `len` more bytes mapped if they fit the budget, unmapping free unregistered
-    /// buffers (largest first) to make room; `false` if they cannot fit.
-    fn make_room(&self, free: &mut Free, len: usize) -> bool {
+    /// Counts `len` more bytes mapped if they fit the budget, taking free unregistered buffers
+    /// (largest first) out of the pool into `victims` to make room (the caller unmaps them,
+    /// outside the lock); `false` if they cannot fit.
+    fn make_room(&self, free: &mut Free, len: usize, victims: &mut Vec<MmapMut>) -> bool {
         loop {
             let m = self.mapped.load(Ordering::Relaxed);
             if m + len <= self.budget {
@@ -293,19 +385,29 @@ impl BufferPool {
                 return false;
             };
             self.mapped.fetch_sub(victim.len(), Ordering::Relaxed);
-            drop(victim);
+            victims.push(victim);
         }
     }
 
-    /// Maps a buffer of `len` bytes already counted in `mapped`.
-    fn map_new(self: &Arc<Self>, len: usize, full: bool) -> io::Result<IoBuf> {
-        let map = match MmapMut::map_anon(len) {
+    /// Maps a buffer of `len` bytes already counted in `mapped` (its pages faulted in now if
+    /// `populate`).
+    fn map_new(self: &Arc<Self>, len: usize, full: bool, populate: bool) -> io::Result<IoBuf> {
+        let mut map = match MmapMut::map_anon(len) {
             Ok(m) => m,
             Err(e) => {
                 self.mapped.fetch_sub(len, Ordering::Relaxed);
                 return Err(e);
             }
         };
+        if populate {
+            // One write per page, not `MAP_POPULATE`: a populate holds the process's mmap lock
+            // (shared) until every page is in, and a thread that needs it exclusively (an
+            // `mmap`, a malloc arena growing by `mprotect`) waits behind it, with whatever lock
+            // it holds (a malloc arena's); each fault here takes only its VMA's lock.
+            for b in map.iter_mut().step_by(MIN_BUFFER) {
+                *std::hint::black_box(b) = 0;
+            }
+        }
         let slot = if full && self.next_slot.load(Ordering::Relaxed) < self.max_slots {
             let s = self.next_slot.fetch_add(1, Ordering::Relaxed);
             (s < self.max_slots).then_some(s as u16)
@@ -315,12 +417,20 @@ impl BufferPool {
         Ok(self.wrap(map, slot))
     }
 
-    /// A buffer for a caller that can block: waits while buffers are in flight.
-    pub(crate) fn get_blocking(self: &Arc<Self>, at_least: usize) -> Result<IoBuf, Short> {
+    /// A buffer for a caller that can block: waits while buffers are in flight. A fresh one
+    /// has its pages faulted in here if `populate` (an async writer's rotation takes its
+    /// buffer on the offload pool: the writer's poll then never faults on it).
+    pub(crate) fn get_blocking(
+        self: &Arc<Self>,
+        at_least: usize,
+        populate: bool,
+    ) -> Result<IoBuf, Short> {
         loop {
-            match self.try_get(at_least) {
+            match self.try_take(at_least) {
                 Err(Short::Wait { epoch }) => self.wait_returned(epoch),
-                r => return r,
+                Ok(Take::Free(b)) => return Ok(b),
+                Ok(Take::Map(m)) => return m.map(populate).map_err(Short::Io),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -335,8 +445,13 @@ impl BufferPool {
 
     /// Parks `waker` until a buffer comes back after `epoch`; `false` if one already did (try
     /// again at once).
+    /// Never waits for the free-list lock: if it is held, the waker is woken at once (the
+    /// caller looks again) and this returns `true`, as if parked.
     pub(crate) fn register_waker(&self, epoch: u64, waker: &Waker) -> bool {
-        let mut free = self.free.lock();
+        let Some(mut free) = self.free.try_lock() else {
+            waker.wake_by_ref();
+            return true;
+        };
         if free.returns != epoch {
             return false;
         }
@@ -395,6 +510,23 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 10: a write allocates nothing; a registered buffer's return used to grow the
+    /// free list now and then (dhat: `put <- drop`, once per ~10,000 4 KiB writes).
+    #[test]
+    fn a_return_never_grows_the_free_list() {
+        let p = BufferPool::new(64 << 10, 8, 4, 1 << 20);
+        let held: Vec<IoBuf> = (0..8).map(|_| p.try_get(0).unwrap()).collect();
+        let cap = p.free.lock().slotted.capacity();
+        assert!(cap >= 8, "room for every slot up front: {cap}");
+        drop(held);
+        assert_eq!(p.free.lock().slotted.len(), 8);
+        assert_eq!(
+            p.free.lock().slotted.capacity(),
+            cap,
+            "the returns did not grow it"
+        );
+    }
 
     #[test]
     fn classes_cover_4k_to_the_full_size() {

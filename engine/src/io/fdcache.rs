@@ -49,7 +49,16 @@ pub(crate) struct FdCache {
     idle: Mutex<()>,
     freed: Condvar,
     evictions: AtomicU64,
+    /// Slots of dropped `CachedFile`s kept for the next `install` (at most [`SPARE_SLOTS`]):
+    /// a writer's segment takes no allocation for its slot in steady state.
+    spare: Mutex<Vec<Arc<Slot>>>,
+    /// Emptied fd handles of dropped `CachedFile`s (at most [`SPARE_SLOTS`]), refilled by the
+    /// next `fill` (`FileHandle::hollow`, `FileHandle::refill`).
+    spare_handles: Mutex<Vec<Arc<FileHandle>>>,
 }
+
+/// Slots [`FdCache`] keeps for reuse.
+const SPARE_SLOTS: usize = 64;
 
 impl std::fmt::Debug for FdCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,6 +130,8 @@ impl FdCache {
             idle: Mutex::new(()),
             freed: Condvar::new(),
             evictions: AtomicU64::new(0),
+            spare: Mutex::new(Vec::with_capacity(SPARE_SLOTS)),
+            spare_handles: Mutex::new(Vec::with_capacity(SPARE_SLOTS)),
         })
     }
 
@@ -245,12 +256,20 @@ impl FdCache {
         permit: FdPermit,
         reaper: Reaper,
     ) -> CachedFile {
-        let slot = Arc::new(Slot {
-            fd: Mutex::new(None),
-            cached: AtomicBool::new(false),
-            referenced: AtomicBool::new(true),
-            index: AtomicUsize::new(NOT_IN_CLOCK),
-        });
+        let spare = self.spare.lock().pop();
+        let slot = match spare {
+            // A spare slot is empty and out of the clock (see `CachedFile`'s drop).
+            Some(slot) => {
+                slot.referenced.store(true, Ordering::Relaxed);
+                slot
+            }
+            None => Arc::new(Slot {
+                fd: Mutex::new(None),
+                cached: AtomicBool::new(false),
+                referenced: AtomicBool::new(true),
+                index: AtomicUsize::new(NOT_IN_CLOCK),
+            }),
+        };
         let file = CachedFile {
             slot,
             cache: self.clone(),
@@ -314,7 +333,11 @@ impl CachedFile {
 
     /// Refills the slot with a reopened `fd` (taken under `permit`) and returns it.
     pub(crate) fn fill(&self, fd: OwnedFd, permit: FdPermit, reaper: Reaper) -> Arc<FileHandle> {
-        let h = FileHandle::counted(fd, reaper, permit);
+        let spare = self.cache.spare_handles.lock().pop();
+        let h = match spare {
+            Some(shell) => FileHandle::refill(shell, fd, reaper, permit),
+            None => FileHandle::counted(fd, reaper, permit),
+        };
         let mut c = self.cache.clock.lock();
         let mut slot = self.slot.fd.lock();
         let old = slot.replace(h.clone());
@@ -338,7 +361,21 @@ impl Drop for CachedFile {
             self.slot.fd.lock().take()
         };
         // Ops in flight keep their own references; the fd closes (on the reaper) with the last.
-        drop(h);
+        // If none does, it closes now (on the reaper) and the emptied handle is kept.
+        if let Some(shell) = h.and_then(FileHandle::hollow) {
+            let mut spare = self.cache.spare_handles.lock();
+            if spare.len() < SPARE_SLOTS {
+                spare.push(shell);
+            }
+        }
+        // Out of the clock, nobody else can get a reference to the slot: if this is the only
+        // one, the (empty) slot can serve the next install.
+        if Arc::strong_count(&self.slot) == 1 && Arc::weak_count(&self.slot) == 0 {
+            let mut spare = self.cache.spare.lock();
+            if spare.len() < SPARE_SLOTS {
+                spare.push(self.slot.clone());
+            }
+        }
     }
 }
 
@@ -404,6 +441,42 @@ mod tests {
             a.get().is_none(),
             "once idle, it was evicted for the waiter"
         );
+        assert_eq!(cache.open_count(), 0);
+    }
+
+    /// Issue 10: a writer's segment fd takes no allocation in steady state. A dropped file's
+    /// slot and emptied handle serve the next install; its fd is closed (permit given back);
+    /// a handle an op still holds is not reused, and its fd stays open until the op drops it.
+    #[test]
+    fn a_dropped_files_slot_and_handle_serve_the_next_install() {
+        let cache = FdCache::new(4);
+        let a = cached(&cache);
+        let (slot, handle) = (Arc::as_ptr(&a.slot), Arc::as_ptr(&a.get().unwrap()));
+        drop(a);
+        assert_eq!(cache.open_count(), 0, "the fd was closed");
+        let b = cached(&cache);
+        assert_eq!(Arc::as_ptr(&b.slot), slot, "the slot is reused");
+        let held = b.get().unwrap();
+        assert_eq!(Arc::as_ptr(&held), handle, "the handle is reused");
+        assert!(held.raw() >= 0);
+        assert_eq!(cache.open_count(), 1);
+        // An op holds the handle: dropping the file keeps the fd open for the op.
+        drop(b);
+        assert_eq!(cache.open_count(), 1, "the op's fd stays open");
+        let c = cached(&cache);
+        assert_ne!(
+            Arc::as_ptr(&c.get().unwrap()),
+            handle,
+            "a held handle is not reused"
+        );
+        assert_eq!(cache.open_count(), 2);
+        drop(held);
+        assert_eq!(
+            cache.open_count(),
+            1,
+            "the op's fd closes with its last user"
+        );
+        drop(c);
         assert_eq!(cache.open_count(), 0);
     }
 

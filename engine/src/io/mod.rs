@@ -9,19 +9,22 @@
 mod buf;
 mod fdcache;
 mod gate;
+mod handoff;
 mod lane;
 mod offload;
 mod op;
 mod psync;
+mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, Short};
+pub(crate) use buf::{BufferPool, IoBuf, Short, Take};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;
 pub(crate) use offload::{Offload, Offloaded};
 pub(crate) use op::*;
+pub(crate) use readbuf::ReadBufs;
 pub(crate) use reaper::{Reaped, Reaper, ReaperThread};
 
 use std::io;

@@ -11,11 +11,13 @@
 //! called async never has them.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
+
+use super::handoff::Handoff;
 
 /// Threads of the pool. A rotation in direct mode allocates a whole segment (tens of ms on a
 /// busy disk): a few in parallel keep many async writers moving.
@@ -23,12 +25,33 @@ const OFFLOAD_THREADS: usize = 4;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// The pool. Its threads leave when it is dropped (the channel disconnects).
-#[derive(Debug)]
+/// The pool. Its threads leave when it is dropped (the queue closes).
+///
+/// Jobs go through a [`Handoff`], whose push takes no lock: a crossbeam channel's send could
+/// sleep in the caller's poll on the channel's waker mutex (see `handoff.rs`).
 pub(crate) struct Offload {
     /// Set once, by the first job (its threads start then); a lock only for that start.
-    tx: OnceLock<Sender<Job>>,
+    tx: OnceLock<Arc<Handoff<Job>>>,
     starting: Mutex<()>,
+    /// Jobs handed to the pool and not yet ended ([`Offload::busy`]).
+    pending: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Offload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Offload")
+            .field("started", &self.tx.get().is_some())
+            .finish()
+    }
+}
+
+impl Drop for Offload {
+    fn drop(&mut self) {
+        if let Some(q) = self.tx.get() {
+            q.close();
+            q.wake_all();
+        }
+    }
 }
 
 impl Offload {
@@ -36,7 +59,15 @@ impl Offload {
         Offload {
             tx: OnceLock::new(),
             starting: Mutex::new(()),
+            pending: Arc::default(),
         }
+    }
+
+    /// Jobs started and not yet ended. A job that ends after its caller gave up (a rotation
+    /// whose file the writer no longer takes) does its own cleanup first, so `Engine::settle`
+    /// waits for this to reach zero before it looks at queued deletes.
+    pub(crate) fn busy(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
     }
 
     /// Runs `f` on a pool thread; the handle yields its result. If no pool thread can be
@@ -51,7 +82,13 @@ impl Offload {
             waker: None,
         }));
         let s2 = slot.clone();
+        let pending = self.pending.clone();
+        pending.fetch_add(1, Ordering::SeqCst);
         let job: Job = Box::new(move || {
+            // Counted down when the job ends, even by a panic, after everything else of it is
+            // dropped (locals drop in reverse order: `s2` moved into a local goes first).
+            let _done = Done(pending);
+            let s2 = s2;
             let v = f();
             let waker = {
                 let mut s = s2.lock();
@@ -64,8 +101,8 @@ impl Offload {
         });
         match self.sender() {
             Ok(tx) => {
-                if let Err(e) = tx.send(job) {
-                    (e.into_inner())();
+                if let Err(job) = tx.push(job, None) {
+                    job();
                 }
             }
             Err(e) => {
@@ -76,7 +113,7 @@ impl Offload {
         Offloaded { slot }
     }
 
-    fn sender(&self) -> io::Result<&Sender<Job>> {
+    fn sender(&self) -> io::Result<&Arc<Handoff<Job>>> {
         if let Some(t) = self.tx.get() {
             return Ok(t);
         }
@@ -84,27 +121,42 @@ impl Offload {
         if let Some(t) = self.tx.get() {
             return Ok(t);
         }
-        let (t, rx) = crossbeam_channel::unbounded::<Job>();
+        let q = Arc::new(Handoff::<Job>::new(OFFLOAD_THREADS, None));
         for i in 0..OFFLOAD_THREADS {
-            let rx = rx.clone();
+            let q2 = q.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("spillring-offload-{i}"))
-                .spawn(move || offload_loop(&rx));
+                .spawn(move || offload_loop(&q2, i));
             if let Err(e) = spawned {
                 if i == 0 {
+                    q.close();
                     return Err(e);
+                }
+                // The threads that started serve the queue; the missing ones never will.
+                for _ in i..OFFLOAD_THREADS {
+                    q.leave();
                 }
                 break;
             }
         }
-        Ok(self.tx.get_or_init(|| t))
+        Ok(self.tx.get_or_init(|| q))
     }
 }
 
-fn offload_loop(rx: &Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+fn offload_loop(q: &Handoff<Job>, me: usize) {
+    while let Some(job) = q.recv(me) {
         // A panicking job (a panicking waker) must not take the pool thread with it.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    }
+    q.leave();
+}
+
+/// Counts a job down on drop.
+struct Done(Arc<AtomicUsize>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -120,9 +172,15 @@ pub(crate) struct Offloaded<T> {
 }
 
 impl<T> Offloaded<T> {
-    /// The result once the job ended; else parks `cx`'s waker and returns `Pending`.
+    /// The result once the job ended; else parks `cx`'s waker and returns `Pending`. Never
+    /// waits for the slot's lock: if the job's thread holds it (storing the result), the
+    /// task is woken at once to look again, so a pool thread preempted there cannot put the
+    /// caller's thread to sleep.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<T> {
-        let mut s = self.slot.lock();
+        let Some(mut s) = self.slot.try_lock() else {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        };
         match s.value.take() {
             Some(v) => Poll::Ready(v),
             None => {

@@ -49,6 +49,36 @@ impl FileHandle {
         })
     }
 
+    /// Empties `h` if nobody else holds it: its fd goes to the reaper (with its permit) as
+    /// in its drop, and the empty handle comes back for [`FileHandle::refill`], so the next
+    /// segment fd takes no allocation. `None` (and `h` dropped as usual) if others hold it.
+    pub(crate) fn hollow(mut h: Arc<Self>) -> Option<Arc<Self>> {
+        let inner = Arc::get_mut(&mut h)?;
+        if let Some(fd) = inner.fd.take() {
+            inner.reaper.reap(Reaped::Fd(fd, inner.permit.take()));
+        }
+        Some(h)
+    }
+
+    /// [`FileHandle::counted`] in `shell`, an empty handle from [`FileHandle::hollow`].
+    pub(crate) fn refill(
+        mut shell: Arc<Self>,
+        fd: OwnedFd,
+        reaper: Reaper,
+        mut permit: FdPermit,
+    ) -> Arc<Self> {
+        match Arc::get_mut(&mut shell) {
+            Some(h) if h.fd.is_none() => {
+                permit.set_live();
+                h.fd = Some(fd);
+                h.reaper = reaper;
+                h.permit = Some(permit);
+                shell
+            }
+            _ => Self::counted(fd, reaper, permit),
+        }
+    }
+
     /// Closes the fd on this thread (not the reaper), then gives back its permit: for an fd
     /// evicted from the cache, whose descriptor the caller is about to reuse.
     pub(crate) fn close_now(mut self) {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use memmap2::Mmap;
 
 use super::FdPermit;
+use super::handoff::Handoff;
 use parking_lot::Mutex;
 
 /// Something whose drop may be slow, dropped on the reaper thread.
@@ -23,8 +23,6 @@ pub(crate) enum Reaped {
         #[expect(dead_code, reason = "given back after the close")] Option<FdPermit>,
     ),
     Map(#[expect(dead_code, reason = "held only to be unmapped on the reaper thread")] Mmap),
-    /// Ends the reaper thread that takes it (one per thread, sent by `ReaperThread::stop`).
-    Stop,
     /// Barrier: see [`FlushGate`].
     Flush(Arc<FlushGate>),
 }
@@ -39,9 +37,13 @@ const REAPER_CAPACITY: usize = 256;
 const REAPER_THREADS: usize = 4;
 
 /// Sends slow drops to the reaper thread; drops inline when the thread is gone.
+///
+/// The queue is a [`Handoff`] (its push takes no lock), not a crossbeam channel, whose send
+/// could sleep on the channel's waker mutex in an async caller's poll: a reader dropping a
+/// segment's map in `next_record_async` did, in the `async_poll` bench.
 #[derive(Debug, Clone)]
 pub(crate) struct Reaper {
-    tx: Option<Sender<Reaped>>,
+    tx: Option<Arc<Handoff<Reaped>>>,
     /// One flush at a time: a flush sends one gate per reaper thread, and two interleaved
     /// flushes would leave every thread waiting on a gate that cannot fill.
     flushing: Arc<Mutex<()>>,
@@ -50,15 +52,25 @@ pub(crate) struct Reaper {
 impl Reaper {
     /// Starts the reaper threads.
     pub(crate) fn start() -> io::Result<(Self, ReaperThread)> {
-        let (tx, rx) = crossbeam_channel::bounded::<Reaped>(REAPER_CAPACITY);
+        let tx = Arc::new(Handoff::<Reaped>::new(
+            REAPER_THREADS,
+            Some(REAPER_CAPACITY),
+        ));
         let mut joins = Vec::with_capacity(REAPER_THREADS);
         for i in 0..REAPER_THREADS {
-            let rx = rx.clone();
-            joins.push(
-                std::thread::Builder::new()
-                    .name(format!("spillring-reaper-{i}"))
-                    .spawn(move || reaper_loop(&rx))?,
-            );
+            let rx = tx.clone();
+            match std::thread::Builder::new()
+                .name(format!("spillring-reaper-{i}"))
+                .spawn(move || reaper_loop(&rx, i))
+            {
+                Ok(j) => joins.push(j),
+                Err(e) => {
+                    // The threads that started leave at once (the queue closes).
+                    tx.close();
+                    tx.wake_all();
+                    return Err(e);
+                }
+            }
         }
         Ok((
             Reaper {
@@ -86,9 +98,9 @@ impl Reaper {
     /// here if the reapers are gone.
     pub(crate) fn reap(&self, item: Reaped) {
         if let Some(tx) = &self.tx
-            && let Err(e) = tx.send(item)
+            && let Err(item) = tx.push(item, None)
         {
-            drop(e.into_inner());
+            drop(item);
         }
     }
 
@@ -111,7 +123,7 @@ impl Reaper {
         });
         for _ in 0..REAPER_THREADS {
             if tx
-                .send_deadline(Reaped::Flush(gate.clone()), deadline)
+                .push(Reaped::Flush(gate.clone()), Some(deadline))
                 .is_err()
             {
                 // Gone, or full until the deadline: the gates sent so far expire at it.
@@ -157,11 +169,9 @@ impl FlushGate {
     }
 }
 
-fn reaper_loop(rx: &Receiver<Reaped>) {
-    // A plain `recv` (a `select!` over two channels allocates on every call).
-    while let Ok(m) = rx.recv() {
+fn reaper_loop(rx: &Handoff<Reaped>, me: usize) {
+    while let Some(m) = rx.recv(me) {
         match m {
-            Reaped::Stop => return,
             Reaped::Flush(gate) => {
                 gate.arrive();
                 let _ = gate.wait();
@@ -169,12 +179,14 @@ fn reaper_loop(rx: &Receiver<Reaped>) {
             other => drop(other),
         }
     }
+    // The last thread to leave closes the queue: later reaps drop where they are made.
+    rx.leave();
 }
 
 /// The reaper threads' stop handle.
 #[derive(Debug)]
 pub(crate) struct ReaperThread {
-    tx: Mutex<Option<Sender<Reaped>>>,
+    tx: Mutex<Option<Arc<Handoff<Reaped>>>>,
     joins: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -184,14 +196,9 @@ impl ReaperThread {
     /// their own (detached). Later reaps are dropped on the thread that makes them.
     pub(crate) fn stop(&self, deadline: Instant) {
         if let Some(tx) = self.tx.lock().take() {
-            let threads = self.joins.lock().len();
-            for _ in 0..threads {
-                if tx.send_deadline(Reaped::Stop, deadline).is_err() {
-                    // Full until the deadline: a thread that finds the channel closed (every
-                    // sender gone) stops too.
-                    break;
-                }
-            }
+            // Each thread drains what is queued, then leaves; later pushes are refused.
+            tx.close();
+            tx.wake_all();
         }
         let joins = std::mem::take(&mut *self.joins.lock());
         for j in joins {
@@ -201,6 +208,17 @@ impl ReaperThread {
             if j.is_finished() {
                 let _ = j.join();
             }
+        }
+    }
+}
+
+impl Drop for ReaperThread {
+    /// A handle dropped without [`ReaperThread::stop`] still lets its threads go once they
+    /// drained the queue (they hold the queue themselves, so nothing else would end them).
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.get_mut().take() {
+            tx.close();
+            tx.wake_all();
         }
     }
 }

@@ -176,8 +176,10 @@ impl<T> Grants<T> {
 pub(crate) struct StateInner {
     core: Arc<Core>,
     /// The scope the state is registered with (its backstop), and its id there. Changed only
-    /// by [`StateInner::move_to`]; the lock orders a move against an unregistration.
-    scope: parking_lot::Mutex<Arc<TaskShared>>,
+    /// by [`StateInner::move_to`]; the lock orders a move against an unregistration. `None`
+    /// only while the shell is kept for reuse (see [`StateInner::shelve`]), when no handle
+    /// can reach it.
+    scope: parking_lot::Mutex<Option<Arc<TaskShared>>>,
     /// The I/O lane the state's deletes go to (its writer's).
     pub(crate) lane: usize,
     pub(crate) segments: usize,
@@ -189,8 +191,9 @@ pub(crate) struct StateInner {
     pub(crate) records: u64,
     pub(crate) payload: u64,
     /// Live mappings per segment (a mapping lives while any `Bytes` into it does): a mapped
-    /// segment never goes back to the pool. One allocation for all segments.
-    pub(crate) maps: Arc<[AtomicUsize]>,
+    /// segment never goes back to the pool. One allocation for all segments, made by the
+    /// first mapping (a state read with `pread`s alone, the small-spill cycle, makes none).
+    maps: std::sync::OnceLock<Arc<[AtomicUsize]>>,
     /// The state's `tracing` span (debug level, under its first scope's): segments, bytes,
     /// outcome (published, released, aborted).
     pub(crate) span: tracing::Span,
@@ -212,7 +215,7 @@ impl StateInner {
     }
 
     /// The scope the state is registered with now.
-    pub(crate) fn task(&self) -> Arc<TaskShared> {
+    pub(crate) fn task(&self) -> Option<Arc<TaskShared>> {
         self.scope.lock().clone()
     }
 
@@ -223,28 +226,32 @@ impl StateInner {
 
     /// Takes the state out of its scope's registry (its files went by release or publish).
     pub(crate) fn unregister(&self) {
-        let scope = self.scope.lock();
-        scope.unregister(self.scope_id.load(Ordering::Acquire));
+        if let Some(scope) = self.scope.lock().as_ref() {
+            scope.unregister(self.scope_id.load(Ordering::Acquire));
+        }
     }
 
     /// Moves the state's registration to scope `to` in one step: `to` closes it from then on.
     /// `Aborted` if its scope already closed it (or `to` is closed: then `to` closed it).
     pub(crate) fn move_to(self: &Arc<Self>, to: Arc<TaskShared>) -> Result<()> {
         let mut scope = self.scope.lock();
-        if Arc::ptr_eq(&scope, &to) {
+        let Some(cur) = scope.as_ref() else {
+            return Err(SpillError::Aborted);
+        };
+        if Arc::ptr_eq(cur, &to) {
             return if self.is_aborted() {
                 Err(SpillError::Aborted)
             } else {
                 Ok(())
             };
         }
-        if !scope.take_member(self.scope_id.load(Ordering::Acquire)) {
+        if !cur.take_member(self.scope_id.load(Ordering::Acquire)) {
             // The old scope closed (and so closed the state), or the files are gone.
             return Err(SpillError::Aborted);
         }
         let id = to.register(self.clone())?;
         self.scope_id.store(id, Ordering::Release);
-        *scope = to;
+        *scope = Some(to);
         Ok(())
     }
 
@@ -265,23 +272,72 @@ impl StateInner {
         self.segments
     }
 
-    /// Holds `entries` with one grant, not yet registered.
-    pub(crate) fn new(task: Arc<TaskShared>, lane: usize, entries: Vec<SegmentEntry>) -> Self {
+    /// Holds `entries` (of `records` records, `payload` bytes of them) with one grant, not yet
+    /// registered.
+    fn new(
+        task: Arc<TaskShared>,
+        lane: usize,
+        entries: Vec<SegmentEntry>,
+        (records, payload): (u64, u64),
+    ) -> Self {
         let bytes = entries.iter().map(|e| e.len).sum();
         StateInner {
             span: tracing::debug_span!(parent: &task.span, "spillring.state",
                 segments = entries.len() as u64, bytes, outcome = tracing::field::Empty),
             bytes,
-            records: 0,
-            payload: 0,
+            records,
+            payload,
             segments: entries.len(),
-            maps: entries.iter().map(|_| AtomicUsize::new(0)).collect(),
+            maps: std::sync::OnceLock::new(),
             files: Grants::new(entries),
             scope_id: AtomicU64::new(0),
             core: task.core().clone(),
-            scope: parking_lot::Mutex::new(task),
+            scope: parking_lot::Mutex::new(Some(task)),
             lane,
         }
+    }
+
+    /// [`StateInner::new`] in a recycled shell (`core.state_shells`) if there is one.
+    pub(crate) fn make(
+        task: Arc<TaskShared>,
+        lane: usize,
+        entries: Vec<SegmentEntry>,
+        counts: (u64, u64),
+    ) -> Arc<Self> {
+        if let Some(shell) = task.core().state_shells.take()
+            && let Ok(mut inner) = shell.downcast::<StateInner>()
+            && let Some(s) = Arc::get_mut(&mut inner)
+        {
+            *s = StateInner::new(task, lane, entries, counts);
+            return inner;
+        }
+        Arc::new(StateInner::new(task, lane, entries, counts))
+    }
+
+    /// The last handle is going: if nobody else holds the state (its files went: released,
+    /// closed or published, and it left its scope's registry), the shell is kept for the next
+    /// state, holding neither a scope nor files.
+    fn shelve(this: &mut Arc<Self>) {
+        if Arc::weak_count(this) != 0 {
+            return;
+        }
+        let Some(s) = Arc::get_mut(this) else { return };
+        if s.files.with_entries(|es| !es.is_empty()) {
+            return;
+        }
+        let scope = s.scope.get_mut().take();
+        // The span ends with the state, not when the shell is reused.
+        s.span = tracing::Span::none();
+        let shell: crate::core::Shell = this.clone();
+        // A full or closed shelf gives the clone back; it drops here.
+        let _ = this.core.state_shells.put(shell);
+        drop(scope);
+    }
+
+    /// The live-mapping counts per segment, made on first use.
+    pub(crate) fn maps(&self) -> &Arc<[AtomicUsize]> {
+        self.maps
+            .get_or_init(|| (0..self.segments).map(|_| AtomicUsize::new(0)).collect())
     }
 
     /// Takes a grant unless the files are already gone. Waits for a publish under way to end.
@@ -300,7 +356,8 @@ impl StateInner {
         self.unregister();
         let mapped = |i: usize| {
             self.maps
-                .get(i)
+                .get()
+                .and_then(|m| m.get(i))
                 .is_some_and(|c| c.load(Ordering::Acquire) > 0)
         };
         recycle(self.core(), self.lane, entries, mapped);
@@ -339,6 +396,7 @@ pub(crate) struct Grant(pub(crate) Arc<StateInner>);
 impl Drop for Grant {
     fn drop(&mut self) {
         self.0.release();
+        StateInner::shelve(&mut self.0);
     }
 }
 

@@ -306,7 +306,7 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
     };
     let name = SegmentFileName::new(seg);
     let path = || dir.path.join(name.as_str());
-    let task_plan = state.task().fault_plan();
+    let task_plan = state.task().and_then(|t| t.fault_plan());
     let _ = crate::fault::check2(
         task_plan.as_ref(),
         &state.core().fault,
@@ -337,14 +337,10 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
     // A truncated file is read (or mapped) as far as it goes: records before the cut are
     // returned, the one crossing it is reported at its offset.
     let bytes = if end <= core.cfg.read_buffer_max {
-        // One pread of the written length; a short read is a truncated file (no fstat).
-        let mut buf = vec![0u8; end];
-        let got = read_up_to(&file, &mut buf).map_err(|e| SpillError::io("read", path(), e))?;
-        if got < HEADER_LEN {
-            return Err(corrupt(got as u64, "segment truncated inside its header"));
-        }
-        buf.truncate(got);
-        Bytes::from(buf)
+        read_small(core, &file, end).map_err(|e| match e {
+            ReadSmall::Io(e) => SpillError::io("read", path(), e),
+            ReadSmall::Short(got) => corrupt(got as u64, "segment truncated inside its header"),
+        })?
     } else {
         let size = file
             .metadata()
@@ -366,13 +362,13 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         if warm {
             touch_pages(&map);
         }
-        if let Some(c) = state.maps.get(i) {
+        if let Some(c) = state.maps().get(i) {
             c.fetch_add(1, Ordering::AcqRel);
         }
         Bytes::from_owner(MapOwner {
             map: Some(map),
             reaper: core.io.reaper().clone(),
-            maps: state.maps.clone(),
+            maps: state.maps().clone(),
             index: i,
         })
     };
@@ -403,6 +399,30 @@ fn touch_pages(map: &[u8]) {
         acc ^= map[i];
     }
     std::hint::black_box(acc);
+}
+
+/// Why [`read_small`] failed.
+enum ReadSmall {
+    Io(std::io::Error),
+    /// The file ends inside its header, after this many bytes.
+    Short(usize),
+}
+
+/// One `pread` of a small segment's `end` written bytes into a kept read buffer
+/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a short
+/// read is a truncated file (no fstat).
+fn read_small(
+    core: &crate::core::Core,
+    file: &std::fs::File,
+    end: usize,
+) -> std::result::Result<Bytes, ReadSmall> {
+    let mut buf = core.read_bufs.take(end);
+    let got = read_up_to(file, buf.space()).map_err(ReadSmall::Io)?;
+    if got < HEADER_LEN {
+        return Err(ReadSmall::Short(got));
+    }
+    buf.truncate(got);
+    Ok(Bytes::from_owner(buf))
 }
 
 /// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.

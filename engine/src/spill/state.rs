@@ -71,13 +71,10 @@ impl SpilledState {
         task: Arc<TaskShared>,
         lane: usize,
         entries: Vec<SegmentEntry>,
-        (records, payload): (u64, u64),
+        counts: (u64, u64),
         register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
     ) -> Result<Self> {
-        let mut inner = StateInner::new(task, lane, entries);
-        inner.records = records;
-        inner.payload = payload;
-        let inner = Arc::new(inner);
+        let inner = StateInner::make(task, lane, entries, counts);
         // Until the id is stored, a release would unregister id 0, which is never used; the
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
@@ -212,7 +209,7 @@ impl SpilledState {
             .collect::<Result<_>>()?;
         let entries = inner.files.begin_publish()?;
         let core = inner.core().clone();
-        let task_plan = inner.task().fault_plan();
+        let task_plan = inner.task().and_then(|t| t.fault_plan());
         let _ = crate::fault::check2(
             task_plan.as_ref(),
             &core.fault,
@@ -236,7 +233,7 @@ impl SpilledState {
             for &j in &stranded {
                 // A segment left at the destination never goes back to the segment pool: the
                 // state deletes its (absent) name like a mapped segment's.
-                if let Some(c) = inner.maps.get(j) {
+                if let Some(c) = inner.maps().get(j) {
                     c.fetch_add(1, Ordering::AcqRel);
                 }
             }

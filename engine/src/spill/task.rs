@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -67,17 +67,109 @@ impl SpillUsage {
     }
 }
 
+/// How many members a scope holds without a heap allocation: a writer, and its state while
+/// the hand-off replaces it (the common scope holds one at a time).
+const INLINE_MEMBERS: usize = 2;
+
+/// A scope's members by id, newest last. The first [`INLINE_MEMBERS`] live in the registry
+/// itself (a spill cycle's scope registers a writer, then its state, and allocates nothing for
+/// them); more go to a map.
+#[derive(Default)]
+struct Members {
+    inline: [Option<(u64, Arc<dyn Member>)>; INLINE_MEMBERS],
+    more: BTreeMap<u64, Arc<dyn Member>>,
+}
+
+impl Members {
+    fn insert(&mut self, id: u64, m: Arc<dyn Member>) {
+        match self.inline.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some((id, m)),
+            None => {
+                self.more.insert(id, m);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Arc<dyn Member>> {
+        for slot in &mut self.inline {
+            if slot.as_ref().is_some_and(|(i, _)| *i == id) {
+                return slot.take().map(|(_, m)| m);
+            }
+        }
+        self.more.remove(&id)
+    }
+
+    #[cfg(all(test, not(loom)))]
+    fn len(&self) -> usize {
+        self.inline.iter().flatten().count() + self.more.len()
+    }
+
+    /// Every member, newest first.
+    fn newest_first(&self) -> Vec<Arc<dyn Member>> {
+        let mut v: Vec<(u64, Arc<dyn Member>)> = self
+            .inline
+            .iter()
+            .flatten()
+            .map(|(i, m)| (*i, m.clone()))
+            .chain(self.more.iter().map(|(i, m)| (*i, m.clone())))
+            .collect();
+        v.sort_unstable_by_key(|m| std::cmp::Reverse(m.0));
+        v.into_iter().map(|(_, m)| m).collect()
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     closed: bool,
     next: u64,
-    members: BTreeMap<u64, Arc<dyn Member>>,
+    members: Members,
+}
+
+/// A task id, kept inline when short (an executor's ids are), so a scope allocates only itself.
+pub(crate) enum TaskId {
+    Inline { len: u8, buf: [u8; TaskId::INLINE] },
+    Heap(Box<str>),
+}
+
+impl TaskId {
+    const INLINE: usize = 40;
+
+    fn new(id: &str) -> Self {
+        if id.len() <= Self::INLINE {
+            let mut buf = [0u8; Self::INLINE];
+            buf[..id.len()].copy_from_slice(id.as_bytes());
+            TaskId::Inline {
+                len: id.len() as u8,
+                buf,
+            }
+        } else {
+            TaskId::Heap(id.into())
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `&str` whole, so the first `len` bytes are valid UTF-8.
+            TaskId::Inline { len, buf } => {
+                std::str::from_utf8(&buf[..*len as usize]).unwrap_or_default()
+            }
+            TaskId::Heap(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
 }
 
 /// Shared state of a task scope. Writers and states hold it to unregister; only
 /// [`TaskSpill`] handles keep the scope open.
 pub(crate) struct TaskShared {
-    pub(crate) id: String,
+    pub(crate) id: TaskId,
+    /// Live [`TaskSpill`] handles: the last one to go closes the scope.
+    handles: AtomicUsize,
     core: Arc<Core>,
     /// Keeps the engine's threads alive while the scope lives.
     _engine: EngineGuard,
@@ -147,14 +239,14 @@ impl TaskShared {
     }
 
     pub(crate) fn unregister(&self, id: u64) {
-        self.registry.lock().members.remove(&id);
+        self.registry.lock().members.remove(id);
     }
 
     /// Takes member `id` out of an open scope; false if the scope is closed (it closed the
     /// member) or `id` is not registered.
     pub(crate) fn take_member(&self, id: u64) -> bool {
         let mut r = self.registry.lock();
-        !r.closed && r.members.remove(&id).is_some()
+        !r.closed && r.members.remove(id).is_some()
     }
 
     /// Replaces member `old` by `new` in one step (the hand-off from writer to state). On a
@@ -166,7 +258,7 @@ impl TaskShared {
             new.close_by_scope();
             return Err(SpillError::Aborted);
         }
-        r.members.remove(&old);
+        r.members.remove(old);
         r.next += 1;
         let id = r.next;
         r.members.insert(id, new);
@@ -176,8 +268,7 @@ impl TaskShared {
     /// The sum of the members' usage.
     pub(crate) fn usage(&self) -> SpillUsage {
         // Each member is asked outside the registry's lock (a member takes its own lock).
-        let members: Vec<Arc<dyn Member>> =
-            self.registry.lock().members.values().cloned().collect();
+        let members = self.registry.lock().members.newest_first();
         let mut u = SpillUsage::default();
         for m in members {
             let m = m.usage();
@@ -191,10 +282,10 @@ impl TaskShared {
 
     /// The files of the scope's members now (each member asked outside the registry's lock).
     pub(crate) fn files(&self) -> Vec<EntryView> {
-        let members: Vec<Arc<dyn Member>> =
-            self.registry.lock().members.values().cloned().collect();
+        let members = self.registry.lock().members.newest_first();
         let mut out = Vec::new();
-        for m in members {
+        // Oldest first, as they were made.
+        for m in members.iter().rev() {
             m.files(&mut out);
         }
         out
@@ -215,7 +306,7 @@ impl TaskShared {
         };
         self.span
             .record("outcome", if cancel { "cancelled" } else { "closed" });
-        for (_, m) in members.into_iter().rev() {
+        for m in members.newest_first() {
             m.close_by_scope();
         }
     }
@@ -227,15 +318,6 @@ impl TaskShared {
             return Err(SpillError::Aborted);
         }
         self.core.store.root_dir(root)
-    }
-}
-
-/// Closes the scope when the last [`TaskSpill`] handle goes.
-struct CloseOnDrop(Arc<TaskShared>);
-
-impl Drop for CloseOnDrop {
-    fn drop(&mut self) {
-        self.0.close(false);
     }
 }
 
@@ -269,10 +351,27 @@ impl Drop for CloseOnDrop {
 /// # let _ = std::fs::remove_dir(&root);
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
 pub struct TaskSpill {
+    /// Counted in `shared.handles`; writers and states hold the scope without counting.
     shared: Arc<TaskShared>,
-    _guard: Arc<CloseOnDrop>,
+}
+
+impl Clone for TaskSpill {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::Relaxed);
+        TaskSpill {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Closes the scope when the last handle goes.
+impl Drop for TaskSpill {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.close(false);
+        }
+    }
 }
 
 impl std::fmt::Debug for TaskSpill {
@@ -284,7 +383,8 @@ impl std::fmt::Debug for TaskSpill {
 impl TaskSpill {
     pub(crate) fn new(core: Arc<Core>, engine: EngineGuard, id: &str, seq: u64) -> Self {
         let shared = Arc::new(TaskShared {
-            id: id.to_owned(),
+            id: TaskId::new(id),
+            handles: AtomicUsize::new(1),
             core,
             _engine: engine,
             registry: Mutex::new(Registry::default()),
@@ -293,10 +393,7 @@ impl TaskSpill {
             fault: Mutex::new(None),
             span: tracing::debug_span!("spillring.task", task = %id, seq, outcome = tracing::field::Empty),
         });
-        TaskSpill {
-            _guard: Arc::new(CloseOnDrop(shared.clone())),
-            shared,
-        }
+        TaskSpill { shared }
     }
 
     pub(crate) fn shared(&self) -> &Arc<TaskShared> {
@@ -305,7 +402,7 @@ impl TaskSpill {
 
     /// The task id given to [`crate::Engine::task`].
     pub fn id(&self) -> &str {
-        &self.shared.id
+        self.shared.id.as_str()
     }
 
     /// A new writer, registered with this scope (its abort hook).

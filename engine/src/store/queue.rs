@@ -35,6 +35,9 @@ pub(crate) enum Work {
     Records(Vec<Record>),
     /// Delete this claimed directory tree.
     Sweep(PathBuf),
+    /// Nothing was ready by the time the caller asked to be woken
+    /// ([`CleanupQueue::next_work_until`]): time for its periodic duty.
+    Tick,
 }
 
 #[derive(Debug, Default)]
@@ -231,7 +234,19 @@ impl CleanupQueue {
     /// (and out the retry delay after a failed batch). `None` once stopped. `before_take`, if
     /// given, runs once per wait, outside the lock, when work is ready (the `cleanup::take`
     /// fault point).
+    #[cfg(test)]
     pub(crate) fn next_work(&self, batch: usize, before_take: Option<&dyn Fn()>) -> Option<Work> {
+        self.next_work_until(batch, before_take, None)
+    }
+
+    /// [`next_work`](Self::next_work), but returns [`Work::Tick`] once `tick_at` has passed
+    /// with nothing ready to take (ready work always goes first).
+    pub(crate) fn next_work_until(
+        &self,
+        batch: usize,
+        before_take: Option<&dyn Fn()>,
+        tick_at: Option<Instant>,
+    ) -> Option<Work> {
         let mut checked = false;
         let mut q = self.queue.lock();
         loop {
@@ -259,7 +274,10 @@ impl CleanupQueue {
             {
                 return Some(Work::Sweep(p));
             }
-            match waiting {
+            if tick_at.is_some_and(|t| t <= now) {
+                return Some(Work::Tick);
+            }
+            match waiting.into_iter().chain(tick_at).min() {
                 Some(t) => {
                     self.cv.wait_until(&mut q, t);
                 }
@@ -409,6 +427,33 @@ mod tests {
         q.push(rec(1));
         assert_eq!(records(q.next_work(8, Some(&hook))), [1]);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_tick_comes_when_its_time_passes_with_nothing_ready_and_never_before_ready_work() {
+        let q = CleanupQueue::new();
+        let t0 = Instant::now();
+        let at = t0 + std::time::Duration::from_millis(30);
+        assert!(matches!(
+            q.next_work_until(8, None, Some(at)),
+            Some(Work::Tick)
+        ));
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(30),
+            "not before its time"
+        );
+        // Ready work goes first, even past the tick's time.
+        q.push(rec(7));
+        assert_eq!(records(q.next_work_until(8, None, Some(t0))), [7]);
+        assert!(matches!(
+            q.next_work_until(8, None, Some(t0)),
+            Some(Work::Tick)
+        ));
+        q.stop();
+        assert!(
+            q.next_work_until(8, None, Some(t0)).is_none(),
+            "a stop ends it"
+        );
     }
 
     #[test]

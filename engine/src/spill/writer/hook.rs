@@ -56,10 +56,17 @@ enum Files {
 }
 
 impl<T> AbortableFiles<T> {
+    #[cfg(test)]
     pub(super) fn new() -> Self {
+        Self::with_list(Vec::new())
+    }
+
+    /// A new list that records into `entries` (empty; its capacity is reused).
+    pub(super) fn with_list(entries: Vec<T>) -> Self {
+        debug_assert!(entries.is_empty());
         AbortableFiles {
             list: sync::Mutex::new(FileList {
-                entries: Vec::new(),
+                entries,
                 state: Files::Open,
             }),
             aborted: sync::AtomicBool::new(false),
@@ -147,13 +154,47 @@ pub(super) struct WriterShared {
 }
 
 impl WriterShared {
-    pub(super) fn new(core: Arc<Core>, lane: usize) -> Self {
+    /// A writer's shared part on `lane`: a recycled one (from `core.writer_shells`) if there
+    /// is one, else a new one; its file list has room for one segment when a recycled list
+    /// (`core.entry_lists`) is there.
+    pub(super) fn make(core: &Arc<Core>, lane: usize) -> Arc<Self> {
+        if let Some(shell) = core.writer_shells.take()
+            && let Ok(mut shared) = shell.downcast::<WriterShared>()
+            && let Some(w) = Arc::get_mut(&mut shared)
+        {
+            // Shelved as new (see `shelve`): only the lane is the new writer's.
+            w.lane = lane;
+            return shared;
+        }
+        Arc::new(WriterShared::fresh(core.clone(), lane))
+    }
+
+    fn fresh(core: Arc<Core>, lane: usize) -> Self {
+        let list = core.entry_lists.take().unwrap_or_default();
         WriterShared {
             core,
             lane,
-            files: AbortableFiles::new(),
+            files: AbortableFiles::with_list(list),
             tracker: Tracker::default(),
         }
+    }
+
+    /// The writer is done with `this` (its files handed off, deleted or taken by the hook):
+    /// if nobody else holds it (no op in flight, no registry entry), it is reset as new and
+    /// kept for the next writer. A list still holding files is never reset.
+    pub(super) fn shelve(this: &mut Arc<Self>) {
+        if Arc::weak_count(this) != 0 {
+            return;
+        }
+        let Some(w) = Arc::get_mut(this) else { return };
+        if !w.files.lock().entries.is_empty() {
+            return;
+        }
+        let core = w.core.clone();
+        *w = WriterShared::fresh(core, w.lane);
+        let shell: crate::core::Shell = this.clone();
+        // A full or closed shelf gives the clone back; it drops here.
+        let _ = this.core.writer_shells.put(shell);
     }
 }
 

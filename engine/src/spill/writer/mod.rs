@@ -107,6 +107,8 @@ pub struct SpillWriter {
     opening: Option<Offloaded<Result<Opened>>>,
     /// An async allocation step of the open segment running on the offload pool (`rotate.rs`).
     growing: Option<Offloaded<std::io::Result<u64>>>,
+    /// An async writer's fresh staging buffer being mapped on the offload pool (`place.rs`).
+    mapping: Option<Offloaded<std::io::Result<crate::io::IoBuf>>>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -146,7 +148,7 @@ impl SpillWriter {
     pub(crate) fn new(task: Arc<TaskShared>) -> Result<Self> {
         let core = task.core().clone();
         let lane = core.io.pick_lane();
-        let shared = Arc::new(WriterShared::new(core.clone(), lane));
+        let shared = WriterShared::make(&core, lane);
         let hook_id = task
             .register(shared.clone())
             .map_err(|_| task.closed_error())?;
@@ -170,6 +172,7 @@ impl SpillWriter {
             placing: None,
             opening: None,
             growing: None,
+            mapping: None,
             life: Life::Open,
             core,
         })
@@ -515,5 +518,10 @@ impl Drop for SpillWriter {
             self.span.record("bytes", self.bytes_written);
             self.span.record("outcome", outcome);
         }
+        // What the writer holds of its shared part goes first, so the part can be recycled.
+        self.seg = None;
+        self.opening = None;
+        self.growing = None;
+        WriterShared::shelve(&mut self.shared);
     }
 }

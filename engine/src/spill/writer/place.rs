@@ -10,8 +10,9 @@ use super::rotate::trimmed_len;
 use super::{SpillWriter, Wait, blocking};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
+use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
-use crate::io::{Op, OpKind, Short, WriteData};
+use crate::io::{Op, OpKind, Short, Take, WriteData};
 use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
 
@@ -220,11 +221,60 @@ impl SpillWriter {
             if self.shared.files.is_aborted() {
                 return Poll::Ready(Err(SpillError::Aborted));
             }
-            match pool.try_get(at_least) {
-                Ok(b) => {
+            if let Wait::Async(cx) = wait
+                && let Some(job) = self.mapping.as_mut()
+            {
+                let r = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
+                self.mapping = None;
+                return match r {
+                    Ok(b) => {
+                        self.staging = Some(b);
+                        Poll::Ready(Ok(()))
+                    }
+                    Err(e) => Poll::Ready(Err(short_error(Short::Io(e)))),
+                };
+            }
+            let took = match wait {
+                Wait::Block => pool.try_take(at_least),
+                Wait::Async(cx) => match pool.try_take_now(at_least) {
+                    Some(r) => r,
+                    None => {
+                        // The pool's lock is held (a buffer coming back): look again soon
+                        // rather than wait for the lock in the poll.
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                },
+            };
+            match took {
+                Ok(Take::Free(b)) => {
                     self.staging = Some(b);
                     return Poll::Ready(Ok(()));
                 }
+                Ok(Take::Map(m)) => match wait {
+                    Wait::Block => {
+                        let r = match fault::check(&self.core.fault, FaultPoint::BufferMap) {
+                            Injected::Fail(errno) => Err(io::Error::from_raw_os_error(errno)),
+                            _ => m.map(false),
+                        };
+                        self.staging = Some(r.map_err(|e| short_error(Short::Io(e)))?);
+                        return Poll::Ready(Ok(()));
+                    }
+                    // The map, the unmaps that made room for it and the first touch of its
+                    // pages run on the offload pool (`io/buf.rs` `try_take`): the loop above
+                    // polls the job.
+                    Wait::Async(_) => {
+                        let fault = self.core.fault.clone();
+                        self.mapping = Some(self.core.io.offload().run(move || {
+                            if let Injected::Fail(errno) =
+                                fault::check(&fault, FaultPoint::BufferMap)
+                            {
+                                return Err(io::Error::from_raw_os_error(errno));
+                            }
+                            m.map(true)
+                        }));
+                    }
+                },
                 Err(Short::Wait { epoch }) => match wait {
                     Wait::Block => pool.wait_returned(epoch),
                     Wait::Async(cx) => {

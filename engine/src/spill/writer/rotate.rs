@@ -119,9 +119,10 @@ impl SpillWriter {
             self.opening = Some(self.core.io.offload().run(move || {
                 let mut opened = rotor.open(reserve, step)?;
                 // Mapping a fresh staging buffer is a syscall too (a pooled one is not), and
-                // a full buffer budget waits here, off the caller's thread. An error leaves
-                // the recorded file to the writer's failure.
-                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN);
+                // a full buffer budget waits here, off the caller's thread; a fresh one's
+                // pages are faulted in here too, not by the caller's first copy into it. An
+                // error leaves the recorded file to the writer's failure.
+                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN, true);
                 opened.buf = Some(buf.map_err(short_error)?);
                 Ok(opened)
             }));
@@ -158,7 +159,7 @@ impl SpillWriter {
                 .core
                 .io
                 .pool()
-                .get_blocking(HEADER_LEN)
+                .get_blocking(HEADER_LEN, false)
                 .map_err(short_error)?,
         };
         buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));

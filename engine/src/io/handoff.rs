@@ -1,0 +1,245 @@
+//! A queue from any thread to a fixed set of engine threads whose push never takes a lock
+//! (the offload pool's jobs, the reaper's drops).
+//!
+//! Why not a crossbeam channel: its `send` wakes a sleeping receiver under the channel's
+//! waker mutex, which receivers take too as they go to sleep and wake up. On a busy machine a
+//! receiver preempted while holding it makes the sender sleep in `futex` until that receiver
+//! runs again. Seen in the `async_poll` bench (`perf record -e sched:sched_switch`): a tokio
+//! worker asleep in `SyncWaker::notify` under `Offload::run` (a rotation or an allocation
+//! step handed to the pool) and under `Reaper::reap` (a reader dropping a segment's map).
+//!
+//! Here items go into a crossbeam channel that no thread ever sleeps in: consumers take
+//! with `try_recv` and, when it is empty, announce themselves idle in their own flag and park;
+//! a push (`try_send` into the preallocated array: no lock, no allocation) swaps one idle
+//! flag and unparks that thread (`Thread::unpark`: an atomic swap and at most a `FUTEX_WAKE`,
+//! which never sleeps). A consumer re-checks the queue after announcing (both sides fence), so
+//! no push is missed. With no receiver registered in the channel's waker, its `send` never
+//! takes the waker mutex.
+//!
+//! A bounded queue gives back-pressure: a push into a full one waits in the channel's `send`
+//! (the only sleeping in it), until a deadline if one is given. An unbounded one spills past
+//! its array into a second, unbounded channel. When every consumer has left (or the owner
+//! closed it), a push hands its item back; an item that raced the last consumer's exit is
+//! drained by whichever of the two sees the other.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::thread::Thread;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+/// Slots of an unbounded queue's array (past them, items go to its overflow channel).
+const UNBOUNDED_ARRAY: usize = 1024;
+
+/// One consumer thread's idle flag.
+#[derive(Debug, Default)]
+struct Idle {
+    thread: OnceLock<Thread>,
+    sleeping: AtomicBool,
+}
+
+/// A multi-producer queue drained by a fixed set of consumer threads (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Handoff<T> {
+    tx: Sender<T>,
+    rx: Receiver<T>,
+    /// Unbounded queues only: where items go while the array is full.
+    overflow: Option<(Sender<T>, Receiver<T>)>,
+    idle: Box<[Idle]>,
+    /// Consumers that have not left.
+    live: AtomicUsize,
+    closed: AtomicBool,
+}
+
+impl<T> Handoff<T> {
+    /// A queue for `consumers` threads (consumer `i` calls [`Handoff::recv`] with `i`), with
+    /// at most `cap` items queued (`None`: unbounded).
+    pub(crate) fn new(consumers: usize, cap: Option<usize>) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(cap.unwrap_or(UNBOUNDED_ARRAY).max(1));
+        Handoff {
+            tx,
+            rx,
+            overflow: cap.is_none().then(crossbeam_channel::unbounded),
+            idle: (0..consumers).map(|_| Idle::default()).collect(),
+            live: AtomicUsize::new(consumers),
+            closed: AtomicBool::new(consumers == 0),
+        }
+    }
+
+    /// Queues `item` and wakes an idle consumer. In a full bounded queue, waits for room until
+    /// `deadline` (forever with `None`); gives `item` back if the time ran out or the queue is
+    /// closed.
+    pub(crate) fn push(&self, item: T, deadline: Option<Instant>) -> Result<(), T> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(item);
+        }
+        match self.tx.try_send(item) {
+            Ok(()) => {}
+            Err(TrySendError::Full(item)) => match (&self.overflow, deadline) {
+                (Some((o, _)), _) => o.send(item).map_err(|e| e.into_inner())?,
+                (None, None) => self.tx.send(item).map_err(|e| e.into_inner())?,
+                (None, Some(d)) => self.tx.send_deadline(item, d).map_err(|e| e.into_inner())?,
+            },
+            Err(TrySendError::Disconnected(item)) => return Err(item),
+        }
+        fence(Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            // Closed meanwhile: a consumer still draining takes the item, else the last one
+            // gone may have missed it, so this drops what is queued here.
+            if self.live.load(Ordering::SeqCst) == 0 {
+                while let Some(v) = self.steal() {
+                    drop(v);
+                }
+            }
+            return Ok(());
+        }
+        for idle in self.idle.iter() {
+            if idle.sleeping.load(Ordering::SeqCst) && idle.sleeping.swap(false, Ordering::SeqCst) {
+                if let Some(t) = idle.thread.get() {
+                    t.unpark();
+                }
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn steal(&self) -> Option<T> {
+        if let Ok(v) = self.rx.try_recv() {
+            return Some(v);
+        }
+        self.overflow.as_ref().and_then(|(_, r)| r.try_recv().ok())
+    }
+
+    /// A consumer leaves for good. The last one closes the queue and drops what is left.
+    pub(crate) fn leave(&self) {
+        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.close();
+            fence(Ordering::SeqCst);
+            while let Some(v) = self.steal() {
+                drop(v);
+            }
+        }
+    }
+
+    /// Closes the queue: pushes give their item back from now on, and consumers return `None`
+    /// from [`Handoff::recv`] once they drained what is queued.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Wakes every idle consumer (after [`Handoff::close`], so they see it: see
+    /// [`Handoff::recv`]).
+    pub(crate) fn wake_all(&self) {
+        for idle in self.idle.iter() {
+            idle.sleeping.store(false, Ordering::SeqCst);
+            if let Some(t) = idle.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The next item, for consumer `me` (parks while the queue is empty); `None` once the
+    /// queue is closed and empty. A push that saw this consumer's idle flag unparks it; a
+    /// token left by an earlier unpark only makes the loop look once more.
+    pub(crate) fn recv(&self, me: usize) -> Option<T> {
+        let idle = &self.idle[me];
+        idle.thread.get_or_init(std::thread::current);
+        loop {
+            if let Some(v) = self.steal() {
+                return Some(v);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            idle.sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if let Some(v) = self.steal() {
+                idle.sleeping.store(false, Ordering::SeqCst);
+                return Some(v);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                idle.sleeping.store(false, Ordering::SeqCst);
+                return None;
+            }
+            std::thread::park();
+            idle.sleeping.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+// Left out of loom builds, like the other unit tests of std-thread code.
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn every_item_reaches_a_consumer_and_none_is_lost() {
+        let q = Arc::new(Handoff::<u64>::new(3, None));
+        let sum = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let (q, sum) = (q.clone(), sum.clone());
+                std::thread::spawn(move || {
+                    while let Some(v) = q.recv(i) {
+                        sum.fetch_add(v as usize, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let producers: Vec<_> = (0..4)
+            .map(|_| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    for v in 1..=10_000u64 {
+                        q.push(v, None).unwrap();
+                        if v % 1000 == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        let want = 4 * 10_000 * 10_001 / 2;
+        let t0 = Instant::now();
+        while sum.load(Ordering::SeqCst) < want && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(sum.load(Ordering::SeqCst), want);
+        q.close();
+        q.wake_all();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(
+            q.push(1, None).is_err(),
+            "a closed queue gives the item back"
+        );
+    }
+
+    #[test]
+    fn a_full_bounded_queue_waits_for_room_until_its_deadline() {
+        let q = Arc::new(Handoff::<u32>::new(1, Some(2)));
+        q.push(1, None).unwrap();
+        q.push(2, None).unwrap();
+        let t0 = Instant::now();
+        let d = Instant::now() + Duration::from_millis(50);
+        assert_eq!(q.push(3, Some(d)), Err(3), "full until the deadline");
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        let q2 = q.clone();
+        let consumer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            q2.recv(0)
+        });
+        q.push(3, None).unwrap();
+        assert_eq!(consumer.join().unwrap(), Some(1));
+        q.leave();
+        assert_eq!(q.push(4, None), Err(4), "every consumer left");
+    }
+}
