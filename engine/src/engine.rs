@@ -16,10 +16,11 @@ use crate::config::{Backend, BackendKind, EngineConfig, WriteMode};
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
-use crate::metrics::{Counters, Metrics};
+use crate::metrics::{Counters, Metrics, RootUsage};
 use crate::spill::task::{TaskShared, TaskSpill};
 use crate::store::Store;
 use crate::store::dir::{self, ProcDir};
+use crate::store::entry::EntryView;
 use crate::store::ledger::Ledger;
 use crate::store::pool::SegmentPool;
 use crate::store::proc::{self, random_id};
@@ -260,7 +261,7 @@ impl Engine {
         } = opened;
         let n_roots = paths.len();
         let store = Store::new(
-            Ledger::new(cfg.ticket_capacity, cfg.max_spill_bytes),
+            Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
             Roots::new(paths, proc_dirs, created, cfg.root_skip),
             Arc::new(CleanupQueue::new()),
             SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
@@ -386,6 +387,84 @@ impl Engine {
         crate::cleanup::trim_pool(&self.inner.core)
     }
 
+    /// Every segment file the engine owns now, for operators: the files of open writers and
+    /// live states (with their task id), the segment pool's files, and the files whose delete
+    /// failed and that the cleanup worker retries (each with its task's files first, then the
+    /// pool, then the cleanup queue). Each holds one ticket of the ledger, so on a quiet
+    /// engine the list has `Metrics::tickets_used` files and their `reserved` bytes add up
+    /// to `Metrics::spill_bytes_in_use`.
+    ///
+    /// Not one atomic snapshot: a file moving between stages while the list is made (a writer
+    /// handing its files to a state, a state's files going to the pool) may be missed or seen
+    /// twice, and files whose unlink is on an I/O thread at that moment (`deletes_in_flight`)
+    /// or in a retry batch the cleanup worker is running are not listed. Each file is `stat`ed
+    /// for its size (one syscall per file, outside every lock of the engine).
+    ///
+    /// ```
+    /// use spillring::{Bytes, Engine, EngineConfig, FileKind};
+    /// # fn main() -> spillring::Result<()> {
+    /// # let root = std::env::temp_dir().join(format!("spillring-doc-list-{}", std::process::id()));
+    /// let engine = Engine::open(EngineConfig::new(&root))?;
+    /// let task = engine.task("job-9")?;
+    /// let mut w = task.writer()?;
+    /// w.write(Bytes::from_static(b"row"))?;
+    /// let files = engine.list_files();
+    /// assert_eq!(files.len(), 1);
+    /// assert_eq!(files[0].task.as_deref(), Some("job-9"));
+    /// assert_eq!(files[0].kind, FileKind::Live);
+    /// assert!(files[0].path.starts_with(&engine.process_dirs()[0]));
+    /// # drop((w, task, engine));
+    /// # let _ = std::fs::remove_dir(&root);
+    /// # Ok(()) }
+    /// ```
+    pub fn list_files(&self) -> Vec<OwnedFile> {
+        let core = &self.inner.core;
+        let tasks: Vec<Arc<TaskShared>> = self
+            .inner
+            .tasks
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let roots = core.store.roots.paths();
+        let root_of = |i: usize| roots.get(i).cloned().unwrap_or_default();
+        let mut out = Vec::new();
+        for t in &tasks {
+            for v in t.files() {
+                out.push(OwnedFile::of(
+                    v,
+                    FileKind::Live,
+                    Some(t.id.as_str().to_owned()),
+                    &root_of,
+                ));
+            }
+        }
+        for v in core.store.pool.views() {
+            out.push(OwnedFile::of(v, FileKind::Pooled, None, &root_of));
+        }
+        for (r, age) in core.store.cleanup.file_records() {
+            let Some(dir) = core.store.dirs.get(r.dir) else {
+                continue;
+            };
+            let path = dir
+                .path
+                .join(crate::format::segment::SegmentFileName::new(r.seg).as_str());
+            out.push(OwnedFile {
+                path,
+                root: root_of(dir.parent.root),
+                task: None,
+                kind: FileKind::AwaitingDelete,
+                size: None,
+                reserved: u64::from(r.pages) * crate::store::ledger::PAGE,
+                age,
+            });
+        }
+        for f in &mut out {
+            f.size = std::fs::symlink_metadata(&f.path).ok().map(|m| m.len());
+        }
+        out
+    }
+
     /// Lets the cleanup worker retry failed deletes now instead of after its delay.
     pub fn retry_cleanup_now(&self) {
         self.inner.core.store.cleanup.retry_now();
@@ -397,6 +476,62 @@ impl Engine {
     /// Idempotent; dropping the last handle does the same with the configured budget.
     pub fn shutdown(&self, budget: Duration) -> ShutdownReport {
         self.inner.shutdown(budget)
+    }
+}
+
+/// What stage an engine-owned file is in (see [`Engine::list_files`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum FileKind {
+    /// Held by an open writer or a live spilled state of a task.
+    Live,
+    /// Released and kept in the segment pool for reuse (it still holds a ticket).
+    Pooled,
+    /// Its delete failed; the cleanup worker retries it (ticket held).
+    AwaitingDelete,
+}
+
+/// One segment file the engine owns (see [`Engine::list_files`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct OwnedFile {
+    /// Where it is.
+    pub path: PathBuf,
+    /// The configured root it is under.
+    pub root: PathBuf,
+    /// The id of the task whose writer or state holds it (`Live` files only).
+    pub task: Option<String>,
+    /// Its stage.
+    pub kind: FileKind,
+    /// Its length as `stat` saw it while the list was made; `None` if the `stat` failed (the
+    /// file is gone, or the device fails).
+    pub size: Option<u64>,
+    /// Bytes of disk quota its ticket holds in the ledger (whole 4 KiB pages; for a segment
+    /// being written, the whole segment or its allocation).
+    pub reserved: u64,
+    /// How long it has been in its stage: since a writer created it or took it from the pool
+    /// (`Live`), since it entered the pool (`Pooled`), since its failed delete went to the
+    /// cleanup worker (`AwaitingDelete`, whole seconds).
+    pub age: Duration,
+}
+
+impl OwnedFile {
+    fn of(
+        v: EntryView,
+        kind: FileKind,
+        task: Option<String>,
+        root_of: &dyn Fn(usize) -> PathBuf,
+    ) -> Self {
+        OwnedFile {
+            root: root_of(v.root),
+            path: v.path,
+            task,
+            kind,
+            size: None,
+            reserved: v.reserved,
+            age: v.age,
+        }
     }
 }
 
@@ -544,5 +679,18 @@ fn metrics(core: &Core) -> Metrics {
         pool_hits: g(&c.pool_hits),
         pool_misses: g(&c.pool_misses),
         pool_trims: g(&c.pool_trims),
+        latency: c.latency.snapshot(),
+        roots: core
+            .store
+            .ledger
+            .per_root()
+            .into_iter()
+            .zip(core.store.roots.paths())
+            .map(|((files, bytes), path)| RootUsage {
+                path: path.clone(),
+                files,
+                bytes,
+            })
+            .collect(),
     }
 }

@@ -28,6 +28,84 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # The three stages
+//!
+//! A spill goes through three stages, each a type, all under a task's scope ([`TaskSpill`],
+//! from [`Engine::task`]), which owns every file of the task and deletes them when it closes
+//! or is cancelled:
+//!
+//! 1. **Write** ([`SpillWriter`], from [`TaskSpill::writer`]): [`SpillWriter::write`] queues a
+//!    record and returns (it blocks only while `queue_depth` writes are in flight);
+//!    [`SpillWriter::record`] gives a [`RecordSlot`] to serialise into the engine's buffer
+//!    with no copy. Segments rotate as they fill. [`SpillWriter::finish`] waits for the writes
+//!    and hands the files to a state; any error deletes them.
+//! 2. **Hand off** ([`SpilledState`]): `Send + Sync`, clone is another grant on the files.
+//!    It lives as long as the scope that made it; another task takes it over with
+//!    [`TaskSpill::adopt`]. [`SpilledState::publish`] moves the files out of the engine's care
+//!    for good (read them with [`SegmentReader`]).
+//! 3. **Read** ([`SpillReader`], from [`SpilledState::reader`]): each record is a [`Bytes`]
+//!    (CRC checked) into a buffer or a map of the segment; the last grant to go (state,
+//!    clones, readers) deletes the files, or keeps them in the segment pool for reuse.
+//!
+//! ```
+//! use spillring::{Bytes, Engine, EngineConfig, SpillError};
+//! # fn main() -> spillring::Result<()> {
+//! # let root = std::env::temp_dir().join(format!("spillring-doc-stages-{}", std::process::id()));
+//! let engine = Engine::open(EngineConfig::new(&root))?;
+//! let producer = engine.task("producer")?;
+//! let consumer = engine.task("consumer")?;
+//! // 1. Write.
+//! let mut w = producer.writer()?;
+//! for i in 0..3u32 {
+//!     w.write(Bytes::from(i.to_le_bytes().to_vec()))?;
+//! }
+//! let mut slot = w.record(4)?; // serialised in place
+//! slot.copy_from_slice(&3u32.to_le_bytes());
+//! slot.commit()?;
+//! let state = w.finish()?;
+//! // 2. Hand off: the consumer's scope owns the files now; the producer may end.
+//! consumer.adopt(&state)?;
+//! producer.close();
+//! // 3. Read.
+//! let got: Vec<Bytes> = state.reader()?.collect::<spillring::Result<_>>()?;
+//! assert_eq!(got.len(), 4);
+//! drop(state); // the last grant: the files go (to the pool, or deleted)
+//! consumer.cancel();
+//! assert!(matches!(consumer.writer(), Err(SpillError::Aborted)));
+//! # drop((consumer, producer, engine));
+//! # let _ = std::fs::remove_dir(&root);
+//! # Ok(()) }
+//! ```
+//!
+//! # Operating it
+//!
+//! [`Engine::metrics`] is a snapshot of counters, gauges, latency histograms of each stage
+//! ([`LatencyMetrics`]: write, rotation, finish, read open, delete) and each root's disk
+//! usage ([`RootUsage`]); [`Metrics::to_prometheus`] renders it in the Prometheus text
+//! format. [`Engine::list_files`] lists every file the engine owns ([`OwnedFile`]: task,
+//! stage, size, age). At debug level the engine opens a `tracing` span per task scope
+//! (`spillring.task`), writer (`spillring.writer`: segments, records, bytes, outcome) and
+//! state (`spillring.state`: segments, bytes, outcome).
+//!
+//! ```
+//! use spillring::{Bytes, Engine, EngineConfig, FileKind};
+//! # fn main() -> spillring::Result<()> {
+//! # let root = std::env::temp_dir().join(format!("spillring-doc-ops-{}", std::process::id()));
+//! let engine = Engine::open(EngineConfig::new(&root))?;
+//! let task = engine.task("query-1")?;
+//! let mut w = task.writer()?;
+//! w.write(Bytes::from_static(b"row"))?;
+//! let m = engine.metrics();
+//! assert_eq!(m.latency.write.count, 1);
+//! assert_eq!(m.roots[0].files, 1);
+//! assert!(m.to_prometheus().contains("spillring_write_latency_seconds_bucket{le=\"+Inf\"} 1"));
+//! let files = engine.list_files();
+//! assert_eq!((files[0].kind, files[0].task.as_deref()), (FileKind::Live, Some("query-1")));
+//! # drop((w, task, engine));
+//! # let _ = std::fs::remove_dir(&root);
+//! # Ok(()) }
+//! ```
+//!
 //! The engine reports what it does not return as an error through [`tracing`]: the fallback
 //! from io_uring to psync, a root skipped at open or at runtime, a delete that failed and
 //! was handed to the cleanup worker, a shutdown that left work. Install a `tracing`
@@ -85,13 +163,15 @@ pub use config::{
     Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_OPEN_FILES, MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE, WriteMode,
 };
-pub use engine::{Engine, ShutdownReport};
+pub use engine::{Engine, FileKind, OwnedFile, ShutdownReport};
 pub use error::{Result, SpillError};
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultAction, FaultPlan, FaultPoint, PauseHandle, Trigger};
 pub use format::names::{PROC_PREFIX, proc_dir_name};
 pub use format::segment;
-pub use metrics::Metrics;
+pub use metrics::{
+    LATENCY_BUCKETS, LatencyHistogram, LatencyMetrics, Metrics, RootUsage, latency_bucket_bound,
+};
 pub use spill::reader::SpillReader;
 pub use spill::segment_reader::SegmentReader;
 pub use spill::state::{PublishOptions, SpilledState};

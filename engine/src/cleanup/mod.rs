@@ -75,6 +75,7 @@ pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<Segmen
     Counters::add(&core.counters.deletes_in_flight, n as u64);
     let batch = Arc::new(DeleteBatch {
         core: core.clone(),
+        started: std::time::Instant::now(),
         // `Option<SegmentEntry>` has the size of `SegmentEntry`: this reuses the allocation.
         entries: Mutex::new(entries.into_iter().map(Some).collect()),
     });
@@ -107,6 +108,8 @@ fn seg_name(seg: u32) -> NameBuf {
 /// A batch of segment deletes in flight on the normal path.
 struct DeleteBatch {
     core: Arc<Core>,
+    /// When the batch was queued (each unlink's latency counts from here).
+    started: std::time::Instant,
     entries: Mutex<Vec<Option<SegmentEntry>>>,
 }
 
@@ -119,6 +122,7 @@ impl OpSink for DeleteBatch {
             .and_then(Option::take);
         let Some(entry) = entry else { return };
         let c = &self.core.counters;
+        c.latency.delete.record_since(self.started);
         match res {
             Ok(_) => {
                 Counters::add(&c.files_deleted, 1);

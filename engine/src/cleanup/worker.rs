@@ -107,6 +107,7 @@ const INLINE_BATCH: usize = 64;
 /// Deletes one batch of records; returns the ones that failed (whole, in order).
 fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
+    let started = std::time::Instant::now();
     let sink = Arc::new(WorkerBatch::new(n));
     for (i, r) in batch.iter().enumerate() {
         let dir = core.store.dirs.get(r.dir);
@@ -144,8 +145,13 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         }
     }
     let results = sink.wait();
+    // One latency per unlink: the batch's start to its end (the worker waits for all).
+    let elapsed = started.elapsed();
     let mut failed = Vec::new();
     for (r, res) in batch.into_iter().zip(results) {
+        if res.is_some() {
+            core.counters.latency.delete.record(elapsed);
+        }
         let ok = match &res {
             Some(Ok(_)) => true,
             Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(errno::ENOENT),
@@ -161,9 +167,10 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             failed.push(r);
             continue;
         }
+        let root = core.store.dirs.get(r.dir).map_or(0, |d| d.parent.root);
         core.store
             .ledger
-            .release_retained(RetainedTicket::from_pages(r.pages));
+            .release_retained_on(root, RetainedTicket::from_pages(r.pages));
         Counters::add(&core.counters.cleanup_released, 1);
         core.store.cleanup.record_done();
     }

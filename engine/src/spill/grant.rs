@@ -194,6 +194,9 @@ pub(crate) struct StateInner {
     /// segment never goes back to the pool. One allocation for all segments, made by the
     /// first mapping (a state read with `pread`s alone, the small-spill cycle, makes none).
     maps: std::sync::OnceLock<Arc<[AtomicUsize]>>,
+    /// The state's `tracing` span (debug level, under its first scope's): segments, bytes,
+    /// outcome (published, released, aborted).
+    pub(crate) span: tracing::Span,
 }
 
 impl std::fmt::Debug for StateInner {
@@ -277,8 +280,11 @@ impl StateInner {
         entries: Vec<SegmentEntry>,
         (records, payload): (u64, u64),
     ) -> Self {
+        let bytes = entries.iter().map(|e| e.len).sum();
         StateInner {
-            bytes: entries.iter().map(|e| e.len).sum(),
+            span: tracing::debug_span!(parent: &task.span, "spillring.state",
+                segments = entries.len() as u64, bytes, outcome = tracing::field::Empty),
+            bytes,
             records,
             payload,
             segments: entries.len(),
@@ -320,6 +326,8 @@ impl StateInner {
             return;
         }
         let scope = s.scope.get_mut().take();
+        // The span ends with the state, not when the shell is reused.
+        s.span = tracing::Span::none();
         let shell: crate::core::Shell = this.clone();
         // A full or closed shelf gives the clone back; it drops here.
         let _ = this.core.state_shells.put(shell);
@@ -344,6 +352,7 @@ impl StateInner {
         let Some(entries) = self.files.release() else {
             return;
         };
+        self.span.record("outcome", "released");
         self.unregister();
         let mapped = |i: usize| {
             self.maps
@@ -366,10 +375,16 @@ impl Member for StateInner {
         crate::spill::task::SpillUsage::of_state(files, bytes)
     }
 
+    fn files(&self, out: &mut Vec<crate::store::entry::EntryView>) {
+        self.files
+            .with_entries(|es| out.extend(es.iter().map(SegmentEntry::view)));
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.close() else {
             return;
         };
+        self.span.record("outcome", "aborted");
         delete_segments(self.core(), self.lane, entries);
     }
 }

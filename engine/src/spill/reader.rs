@@ -290,6 +290,13 @@ impl SpillReader {
 /// of a map, so that the caller's thread takes no page fault of a cold map. An abort is
 /// `Aborted` (the caller counts it).
 fn open_segment(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
+    let started = std::time::Instant::now();
+    let r = open_segment_timed(state, i, warm);
+    state.core().counters.latency.read.record_since(started);
+    r
+}
+
+fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
     if state.is_aborted() {
         return Err(SpillError::Aborted);
     }

@@ -262,6 +262,7 @@ impl SpilledState {
         }
         let out = forget_published(&core, &targets, entries);
         inner.files.end_publish();
+        inner.span.record("outcome", "published");
         inner.unregister();
         Ok(out)
     }
@@ -271,6 +272,8 @@ impl SpilledState {
     fn roll_back(&self, entries: Vec<SegmentEntry>) {
         let inner = self.inner();
         if let Some(entries) = inner.files.roll_back_publish(entries) {
+            // The scope closed during the publish: the files go as its close would have.
+            inner.span.record("outcome", "aborted");
             delete_segments(inner.core(), inner.lane, entries);
         }
     }

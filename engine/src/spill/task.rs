@@ -15,6 +15,7 @@ use crate::error::{Result, SpillError};
 use crate::fault::FaultPlan;
 use crate::spill::writer::SpillWriter;
 use crate::store::dir::TaskDir;
+use crate::store::entry::EntryView;
 
 /// Something a scope closes when it closes.
 pub(crate) trait Member: Send + Sync {
@@ -24,6 +25,9 @@ pub(crate) trait Member: Send + Sync {
 
     /// The files the member holds now, and their bytes on disk (written or allocated).
     fn usage(&self) -> SpillUsage;
+
+    /// Appends the files the member holds now, as operators see them.
+    fn files(&self, out: &mut Vec<EntryView>);
 }
 
 /// What a task scope holds on disk now: see [`TaskSpill::usage`].
@@ -173,6 +177,8 @@ pub(crate) struct TaskShared {
     cancelled: AtomicBool,
     seq: u64,
     fault: Mutex<Option<Arc<FaultPlan>>>,
+    /// The scope's `tracing` span (debug level): the parent of its writers' and states'.
+    pub(crate) span: tracing::Span,
 }
 
 impl std::fmt::Debug for TaskShared {
@@ -274,6 +280,17 @@ impl TaskShared {
         u
     }
 
+    /// The files of the scope's members now (each member asked outside the registry's lock).
+    pub(crate) fn files(&self) -> Vec<EntryView> {
+        let members = self.registry.lock().members.newest_first();
+        let mut out = Vec::new();
+        // Oldest first, as they were made.
+        for m in members.iter().rev() {
+            m.files(&mut out);
+        }
+        out
+    }
+
     /// Closes the scope: every member, newest first. Idempotent.
     pub(crate) fn close(&self, cancel: bool) {
         if cancel {
@@ -287,6 +304,8 @@ impl TaskShared {
             r.closed = true;
             std::mem::take(&mut r.members)
         };
+        self.span
+            .record("outcome", if cancel { "cancelled" } else { "closed" });
         for m in members.newest_first() {
             m.close_by_scope();
         }
@@ -372,6 +391,7 @@ impl TaskSpill {
             cancelled: AtomicBool::new(false),
             seq,
             fault: Mutex::new(None),
+            span: tracing::debug_span!("spillring.task", task = %id, seq, outcome = tracing::field::Empty),
         });
         TaskSpill { shared }
     }

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::format::segment::SegmentFileName;
 use crate::store::dir::TaskDir;
@@ -26,6 +27,20 @@ pub(crate) struct SegmentEntry {
     pub generation: u32,
     /// `None` only once the entry ended (release or retain).
     ticket: Option<Ticket>,
+    /// When the entry took its present role (created or reused by a writer; put in the pool),
+    /// for operators (`Engine::list_files`).
+    pub since: Instant,
+}
+
+/// What an operator sees of one segment file the engine owns (`Engine::list_files`).
+#[derive(Debug, Clone)]
+pub(crate) struct EntryView {
+    pub root: usize,
+    pub path: PathBuf,
+    /// Bytes of quota its ticket holds (the ledger's accounting).
+    pub reserved: u64,
+    /// How long it has been in its present role.
+    pub age: Duration,
 }
 
 impl SegmentEntry {
@@ -37,6 +52,17 @@ impl SegmentEntry {
             allocated: 0,
             generation: 0,
             ticket: Some(ticket),
+            since: Instant::now(),
+        }
+    }
+
+    /// The entry as an operator sees it.
+    pub(crate) fn view(&self) -> EntryView {
+        EntryView {
+            root: self.dir.parent.root,
+            path: self.path(),
+            reserved: self.reserved(),
+            age: self.since.elapsed(),
         }
     }
 

@@ -15,6 +15,33 @@ use std::sync::Arc;
 use crate::error::{Result, SpillError};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
+/// Per-root accounting (files and pages), for operators (`Metrics::roots`). Plain std atomics
+/// even under loom: no protocol reads them, so the models need not explore them.
+#[derive(Debug, Default)]
+struct RootCount {
+    files: std::sync::atomic::AtomicU64,
+    pages: std::sync::atomic::AtomicU64,
+}
+
+impl RootCount {
+    fn add(&self, files: u64, pages: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.files.fetch_add(files, Relaxed);
+        self.pages.fetch_add(pages, Relaxed);
+    }
+
+    fn sub(&self, files: u64, pages: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Saturating: a root unknown at a release (never expected) must not wrap the gauge.
+        let _ = self
+            .files
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(files)));
+        let _ = self
+            .pages
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(pages)));
+    }
+}
+
 /// Quota accounting unit: bytes are counted in 4 KiB pages, rounded up per segment.
 pub(crate) const PAGE: u64 = 4096;
 
@@ -33,6 +60,8 @@ pub(crate) struct Ledger {
     pages_used: AtomicU64,
     admission_failures: AtomicU64,
     quota_failures: AtomicU64,
+    /// Tickets and pages per root (index as in `Roots`).
+    per_root: Box<[RootCount]>,
 }
 
 /// The right to have one segment file on disk. Dropping it returns the capacity.
@@ -41,6 +70,8 @@ pub(crate) struct Ledger {
 pub(crate) struct Ticket {
     ledger: Arc<Ledger>,
     pages: u64,
+    /// The root its file is under (per-root accounting).
+    root: usize,
     /// Became a [`RetainedTicket`]: its drop gives nothing back (the record holds it).
     retained: bool,
 }
@@ -55,7 +86,13 @@ pub(crate) struct RetainedTicket {
 
 impl Ledger {
     pub(crate) fn new(capacity: usize, max_bytes: Option<u64>) -> Arc<Self> {
+        Self::with_roots(capacity, max_bytes, 1)
+    }
+
+    /// A ledger that also accounts per root, for `roots` roots.
+    pub(crate) fn with_roots(capacity: usize, max_bytes: Option<u64>, roots: usize) -> Arc<Self> {
         Arc::new(Ledger {
+            per_root: (0..roots.max(1)).map(|_| RootCount::default()).collect(),
             capacity,
             used: AtomicUsize::new(0),
             high_water: AtomicUsize::new(0),
@@ -69,6 +106,12 @@ impl Ledger {
     /// Reserves one ticket holding `bytes` of quota, or refuses with `LedgerFull` /
     /// `QuotaExceeded` and changes nothing.
     pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Ticket> {
+        self.reserve_on(0, bytes)
+    }
+
+    /// [`Ledger::reserve`] for a file under root `root`.
+    pub(crate) fn reserve_on(self: &Arc<Self>, root: usize, bytes: u64) -> Result<Ticket> {
+        let root = root.min(self.per_root.len() - 1);
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             if cur >= self.capacity {
@@ -91,9 +134,11 @@ impl Ledger {
             self.used.fetch_sub(1, Ordering::AcqRel);
             return Err(e);
         }
+        self.per_root[root].add(1, want);
         Ok(Ticket {
             ledger: self.clone(),
             pages: want,
+            root,
             retained: false,
         })
     }
@@ -125,14 +170,33 @@ impl Ledger {
         }
     }
 
-    fn give_back(&self, pages: u64) {
+    fn give_back(&self, root: usize, pages: u64) {
+        if let Some(r) = self.per_root.get(root) {
+            r.sub(1, pages);
+        }
         self.pages_used.fetch_sub(pages, Ordering::AcqRel);
         self.used.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Gives back the capacity of a retained ticket after its file's delete was confirmed.
+    #[cfg(test)]
     pub(crate) fn release_retained(&self, t: RetainedTicket) {
-        self.give_back(u64::from(t.pages));
+        self.release_retained_on(0, t);
+    }
+
+    /// [`Ledger::release_retained`] for a file under root `root`.
+    pub(crate) fn release_retained_on(&self, root: usize, t: RetainedTicket) {
+        self.give_back(root, u64::from(t.pages));
+    }
+
+    /// Tickets and bytes held under each root (index as in `Roots`): the ledger's accounting
+    /// of the files the engine owns there.
+    pub(crate) fn per_root(&self) -> Vec<(u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.per_root
+            .iter()
+            .map(|r| (r.files.load(Relaxed), r.pages.load(Relaxed) * PAGE))
+            .collect()
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -173,6 +237,9 @@ impl Ticket {
             self.ledger
                 .pages_used
                 .fetch_sub(self.pages - want, Ordering::AcqRel);
+            if let Some(r) = self.ledger.per_root.get(self.root) {
+                r.sub(0, self.pages - want);
+            }
             self.pages = want;
         }
     }
@@ -183,6 +250,9 @@ impl Ticket {
         let want = pages(bytes);
         if want > self.pages {
             self.ledger.take_pages(want - self.pages)?;
+            if let Some(r) = self.ledger.per_root.get(self.root) {
+                r.add(0, want - self.pages);
+            }
             self.pages = want;
         }
         Ok(())
@@ -195,6 +265,9 @@ impl Ticket {
         if extra > 0 {
             // Only a > 16 TiB segment could get here; keep the accounting exact anyway.
             self.ledger.pages_used.fetch_sub(extra, Ordering::AcqRel);
+            if let Some(r) = self.ledger.per_root.get(self.root) {
+                r.sub(0, extra);
+            }
         }
         // The capacity stays taken: the drop below gives nothing back, but it does drop the
         // ticket's reference to the ledger (forgetting the ticket leaked the ledger).
@@ -218,7 +291,7 @@ impl RetainedTicket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.retained {
-            self.ledger.give_back(self.pages);
+            self.ledger.give_back(self.root, self.pages);
         }
     }
 }
@@ -244,6 +317,37 @@ mod tests {
         drop((b, c));
         assert_eq!(l.used(), 0);
         assert_eq!(l.bytes_used(), 0);
+    }
+
+    /// Each root's files and pages follow its tickets through reserve, grow, shrink, retain,
+    /// release and drop, and add up to the ledger's totals.
+    #[test]
+    fn per_root_accounting_follows_every_ticket() {
+        let l = Ledger::with_roots(8, None, 2);
+        let mut a = l.reserve_on(0, 3 * PAGE).unwrap();
+        let b = l.reserve_on(1, PAGE).unwrap();
+        assert_eq!(l.per_root(), vec![(1, 3 * PAGE), (1, PAGE)]);
+        a.grow_to(5 * PAGE).unwrap();
+        assert_eq!(l.per_root()[0], (1, 5 * PAGE));
+        a.shrink_to(2 * PAGE);
+        assert_eq!(l.per_root()[0], (1, 2 * PAGE));
+        let r = b.retain();
+        assert_eq!(
+            l.per_root()[1],
+            (1, PAGE),
+            "a retained ticket stays counted"
+        );
+        l.release_retained_on(1, r);
+        assert_eq!(l.per_root()[1], (0, 0));
+        let total: u64 = l.per_root().iter().map(|r| r.1).sum();
+        assert_eq!(total, l.bytes_used());
+        drop(a);
+        assert_eq!(l.per_root(), vec![(0, 0), (0, 0)]);
+        // An index past the roots goes to the last one, never out of bounds.
+        let c = l.reserve_on(9, PAGE).unwrap();
+        assert_eq!(l.per_root()[1], (1, PAGE));
+        drop(c);
+        assert_eq!(l.used(), 0);
     }
 
     #[test]

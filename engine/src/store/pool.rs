@@ -68,7 +68,7 @@ impl SegmentPool {
     }
 
     /// Keeps `e` for reuse if it fits the bounds; gives it back (to delete) otherwise.
-    pub(crate) fn put(&self, e: SegmentEntry) -> Result<(), SegmentEntry> {
+    pub(crate) fn put(&self, mut e: SegmentEntry) -> Result<(), SegmentEntry> {
         let size = size_of(&e);
         let root = e.dir.parent.root;
         let mut p = self.inner.lock();
@@ -81,6 +81,8 @@ impl SegmentPool {
         }
         p.count += 1;
         p.bytes += size;
+        // Its age in `Engine::list_files` counts from here.
+        e.since = std::time::Instant::now();
         p.per_root[root].push(e);
         Ok(())
     }
@@ -117,6 +119,16 @@ impl SegmentPool {
     pub(crate) fn close(&self) -> Vec<SegmentEntry> {
         self.inner.lock().closed = true;
         self.drain()
+    }
+
+    /// The pooled files as operators see them (read-only; `Engine::list_files`).
+    pub(crate) fn views(&self) -> Vec<crate::store::entry::EntryView> {
+        let p = self.inner.lock();
+        p.per_root
+            .iter()
+            .flatten()
+            .map(SegmentEntry::view)
+            .collect()
     }
 
     /// What the pool holds now.

@@ -208,6 +208,22 @@ impl CleanupQueue {
         self.cv.notify_all();
     }
 
+    /// The file records queued now, oldest first, each with its age in the queue (read-only;
+    /// `Engine::list_files`). A batch the worker is running is not in the queue meanwhile.
+    pub(crate) fn file_records(&self) -> Vec<(Record, Duration)> {
+        let now = self.epoch.elapsed().as_secs();
+        let q = self.queue.lock();
+        q.records
+            .iter()
+            .map(|r| {
+                (
+                    *r,
+                    Duration::from_secs(now.saturating_sub(u64::from(r.since))),
+                )
+            })
+            .collect()
+    }
+
     /// The records queued now, oldest first, and the sweeps queued (for reports).
     pub(crate) fn queued(&self) -> (Vec<Record>, u64) {
         let q = self.queue.lock();

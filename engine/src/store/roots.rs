@@ -66,6 +66,11 @@ impl Roots {
     }
 
     /// This engine's process directories, one per root.
+    /// The roots in use, in configuration order (indexes as everywhere else).
+    pub(crate) fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
     pub(crate) fn proc_dirs(&self) -> &[Arc<ProcDir>] {
         &self.proc_dirs
     }

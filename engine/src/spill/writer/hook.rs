@@ -223,6 +223,11 @@ impl Member for WriterShared {
         crate::spill::task::SpillUsage::of_writer(l.entries.len() as u64, bytes)
     }
 
+    fn files(&self, out: &mut Vec<crate::store::entry::EntryView>) {
+        let l = self.files.lock();
+        out.extend(l.entries.iter().map(SegmentEntry::view));
+    }
+
     fn close_by_scope(&self) {
         let Some(entries) = self.files.abort() else {
             return;

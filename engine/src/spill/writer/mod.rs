@@ -17,6 +17,7 @@
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -116,6 +117,8 @@ pub struct SpillWriter {
     bytes_written: u64,
     large: usize,
     queue_depth: usize,
+    /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -150,7 +153,10 @@ impl SpillWriter {
             .register(shared.clone())
             .map_err(|_| task.closed_error())?;
         let cfg = &core.cfg;
+        let span = tracing::debug_span!(parent: &task.span, "spillring.writer",
+            segments = 0u64, records = 0u64, bytes = 0u64, outcome = tracing::field::Empty);
         Ok(SpillWriter {
+            span,
             segment_size: cfg.segment_size,
             records: 0,
             bytes_written: 0,
@@ -180,6 +186,13 @@ impl SpillWriter {
     /// usable: the record was not written, everything before it is intact, and the call can be
     /// retried. Any other error deletes everything the writer created.
     pub fn write(&mut self, record: Bytes) -> Result<()> {
+        let started = Instant::now();
+        let r = self.write_untimed(record);
+        self.core.counters.latency.write.record_since(started);
+        r
+    }
+
+    fn write_untimed(&mut self, record: Bytes) -> Result<()> {
         self.begin(record)?;
         let r = self.step(&mut Wait::Block);
         self.settle(blocking(r))
@@ -191,6 +204,13 @@ impl SpillWriter {
         if !self.direct && record.len() >= self.large {
             return self.write(Bytes::copy_from_slice(record));
         }
+        let started = Instant::now();
+        let r = self.write_slice_untimed(record);
+        self.core.counters.latency.write.record_since(started);
+        r
+    }
+
+    fn write_slice_untimed(&mut self, record: &[u8]) -> Result<()> {
         self.check_open()?;
         check_len(record.len())?;
         let r = self.place_slice(record);
@@ -201,9 +221,12 @@ impl SpillWriter {
     /// the thread, on any runtime. If the future is dropped before it completes, the writer
     /// fails (and deletes its files) on its next use, since a record may be half placed.
     pub async fn write_async(&mut self, record: Bytes) -> Result<()> {
+        let started = Instant::now();
         self.begin(record)?;
         let r = poll_fn(|cx| self.step(&mut Wait::Async(cx))).await;
-        self.settle(r)
+        let r = self.settle(r);
+        self.core.counters.latency.write.record_since(started);
+        r
     }
 
     /// Waits for every write in flight, seals the last segment, and hands the files to a
@@ -211,6 +234,14 @@ impl SpillWriter {
     /// closed meanwhile, the files are deleted and the result is `Aborted`.
     pub fn finish(mut self) -> Result<SpilledState> {
         self.check_open()?;
+        let started = Instant::now();
+        let core = self.core.clone();
+        let r = self.finish_sealed();
+        core.counters.latency.finish.record_since(started);
+        r
+    }
+
+    fn finish_sealed(mut self) -> Result<SpilledState> {
         let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
         self.settle(r)?;
         trim_allocations(&self.core, &self.shared, self.direct);
@@ -221,6 +252,14 @@ impl SpillWriter {
     /// and an `ftruncate` per segment) runs on the engine's offload pool, not in a poll.
     pub async fn finish_async(mut self) -> Result<SpilledState> {
         self.check_open()?;
+        let started = Instant::now();
+        let core = self.core.clone();
+        let r = self.finish_async_sealed().await;
+        core.counters.latency.finish.record_since(started);
+        r
+    }
+
+    async fn finish_async_sealed(mut self) -> Result<SpilledState> {
         let r = poll_fn(|cx| {
             let mut w = Wait::Async(cx);
             ready_ok!(self.seal_with(&mut w, true));
@@ -392,6 +431,7 @@ impl SpillWriter {
         let Some(entries) = self.shared.files.take_for_hand_off() else {
             return Err(self.observe_abort());
         };
+        self.span.record("segments", entries.len() as u64);
         self.life = Life::Finished;
         let task_plan = self.task.fault_plan();
         let _ = fault::check2(
@@ -466,6 +506,17 @@ impl Drop for SpillWriter {
             self.release_io();
             self.delete_own_files();
             self.task.unregister(self.hook_id);
+        }
+        if !self.span.is_disabled() {
+            let outcome = match self.life {
+                Life::Finished => "finished",
+                Life::Aborted => "aborted",
+                _ if self.task.is_cancelled() => "aborted",
+                _ => "failed",
+            };
+            self.span.record("records", self.records);
+            self.span.record("bytes", self.bytes_written);
+            self.span.record("outcome", outcome);
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
         self.seg = None;

@@ -164,6 +164,10 @@ impl SpillWriter {
         };
         buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));
         self.staging = Some(buf);
+        if !self.span.is_disabled() {
+            let n = self.shared.files.lock().entries.len() as u64;
+            self.span.record("segments", n);
+        }
         self.seg = Some(OpenSegment {
             entry_index: o.entry_index,
             allocated: o.allocated,
@@ -208,6 +212,13 @@ impl Rotor {
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.
     pub(super) fn open(&self, reserve: u64, step: u64) -> Result<Opened> {
+        let started = std::time::Instant::now();
+        let opened = self.open_timed(reserve, step);
+        self.core.counters.latency.rotate.record_since(started);
+        opened
+    }
+
+    fn open_timed(&self, reserve: u64, step: u64) -> Result<Opened> {
         // The new segment's fd counts in the engine's bound: taken first (waits at the bound;
         // an async rotation waits on the offload thread).
         let permit = self.core.io.fds().permit();
@@ -329,10 +340,10 @@ impl Rotor {
     /// A ticket for `reserve` bytes. A full ledger or quota first trims the segment pool (its
     /// files hold tickets): pooled files are deleted here, on the caller's thread, until the
     /// reservation fits or the pool is empty.
-    fn reserve_ticket(&self, reserve: u64) -> Result<Ticket> {
+    fn reserve_ticket(&self, root: usize, reserve: u64) -> Result<Ticket> {
         let core = &self.core;
         loop {
-            match core.store.ledger.reserve(reserve) {
+            match core.store.ledger.reserve_on(root, reserve) {
                 Ok(t) => return Ok(t),
                 Err(err @ (SpillError::LedgerFull { .. } | SpillError::QuotaExceeded { .. })) => {
                     let Some(e) = core.store.pool.take_any() else {
@@ -391,7 +402,7 @@ impl Rotor {
             &self.core.fault,
             FaultPoint::WriterReserve,
         );
-        let ticket = self.reserve_ticket(reserve)?;
+        let ticket = self.reserve_ticket(root, reserve)?;
         let Some(seg) = dir.next_segment() else {
             return Err(SpillError::SegmentsExhausted {
                 path: dir.path.clone(),

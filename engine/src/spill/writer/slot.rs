@@ -2,6 +2,7 @@
 
 use std::future::poll_fn;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
@@ -19,8 +20,13 @@ pub struct RecordSlot<'a> {
 }
 
 enum SlotKind {
-    /// Payload at `at + FRAME_LEN` in the staging buffer, `len` bytes.
-    InPlace { at: usize, len: usize },
+    /// Payload at `at + FRAME_LEN` in the staging buffer, `len` bytes. `took`: the caller's
+    /// time in the `record` call that made it (with the commit's, one write latency).
+    InPlace {
+        at: usize,
+        len: usize,
+        took: Duration,
+    },
     /// Too big for a staging buffer (or no aligned room in direct mode): an owned buffer,
     /// written like `write` on commit.
     Owned(bytes::BytesMut),
@@ -46,7 +52,8 @@ impl RecordSlot<'_> {
         let RecordSlot { w, kind } = self;
         match kind {
             SlotKind::Owned(b) => w.write(b.freeze()),
-            SlotKind::InPlace { at, len } => {
+            SlotKind::InPlace { at, len, took } => {
+                let started = Instant::now();
                 if w.shared.files.is_aborted() {
                     return Err(w.observe_abort());
                 }
@@ -63,6 +70,11 @@ impl RecordSlot<'_> {
                     s.logical += segment::framed_len(len);
                 }
                 w.count_record(len);
+                w.core
+                    .counters
+                    .latency
+                    .write
+                    .record(took + started.elapsed());
                 Ok(())
             }
         }
@@ -85,7 +97,7 @@ impl std::ops::Deref for RecordSlot<'_> {
     fn deref(&self) -> &[u8] {
         match &self.kind {
             SlotKind::Owned(b) => b,
-            SlotKind::InPlace { at, len } => match self.w.staging.as_ref() {
+            SlotKind::InPlace { at, len, .. } => match self.w.staging.as_ref() {
                 Some(buf) => &buf.filled_to(at + FRAME_LEN + len)[at + FRAME_LEN..],
                 None => &[],
             },
@@ -97,7 +109,7 @@ impl std::ops::DerefMut for RecordSlot<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.kind {
             SlotKind::Owned(b) => b,
-            SlotKind::InPlace { at, len } => match self.w.staging.as_mut() {
+            SlotKind::InPlace { at, len, .. } => match self.w.staging.as_mut() {
                 Some(buf) => &mut buf.space()[*at + FRAME_LEN..*at + FRAME_LEN + *len],
                 None => &mut [],
             },
@@ -129,7 +141,7 @@ impl SpillWriter {
     }
 
     /// The slot in the staging buffer, taking a buffer if the writer has none.
-    fn in_place_slot(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+    fn in_place_slot(&mut self, len: usize, started: Instant) -> Result<RecordSlot<'_>> {
         if self.staging.is_none() {
             // Under the buffer budget without waiting: a buffer too small, or none free, and
             // the record is an owned slot, whose commit waits (or fails) like a write.
@@ -146,7 +158,11 @@ impl SpillWriter {
         let at = self.staging.as_ref().map_or(0, |b| b.len);
         Ok(RecordSlot {
             w: self,
-            kind: SlotKind::InPlace { at, len },
+            kind: SlotKind::InPlace {
+                at,
+                len,
+                took: started.elapsed(),
+            },
         })
     }
 
@@ -155,6 +171,7 @@ impl SpillWriter {
     /// with [`RecordSlot::commit_async`] (an owned slot's write may rotate too). Dropping the
     /// future while it waits for a rotation poisons the writer, like a dropped `write_async`.
     pub async fn record_async(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+        let started = Instant::now();
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
@@ -165,7 +182,7 @@ impl SpillWriter {
         if !self.settle(r)? {
             return Ok(self.owned_slot(len));
         }
-        self.in_place_slot(len)
+        self.in_place_slot(len, started)
     }
 
     /// A slot of `len` bytes for the caller to fill in place (serialise a row batch straight
@@ -174,6 +191,7 @@ impl SpillWriter {
     /// does not fit the aligned buffer's remaining room) get an owned buffer instead. Blocks,
     /// like `write`, only while the in-flight budget is full.
     pub fn record(&mut self, len: usize) -> Result<RecordSlot<'_>> {
+        let started = Instant::now();
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
@@ -185,6 +203,6 @@ impl SpillWriter {
         if !self.settle(r)? {
             return Ok(self.owned_slot(len));
         }
-        self.in_place_slot(len)
+        self.in_place_slot(len, started)
     }
 }
