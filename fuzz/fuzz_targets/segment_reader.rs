@@ -222,6 +222,12 @@ fn oracle(case: &Case) {
         Some(i) if i < HEADER_LEN => {
             // A header of generation 0 swapped in for another generation's parses: the
             // blocks' checksums bind the generation, so the first block is damage.
+            // A valid header of another generation over a segment with no block: nothing to
+            // misread (the engine's reader checks the generation it expects; the blocks'
+            // checksums bind it otherwise).
+            if p.damage.is_none() && records.is_empty() && p.records.is_empty() {
+                return;
+            }
             let (off, detail) = p.damage.expect("a damaged header was accepted");
             assert!(
                 p.records.is_empty(),
