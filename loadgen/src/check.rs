@@ -142,63 +142,104 @@ pub fn file_id(p: &Path) -> io::Result<FileId> {
 }
 
 /// Parses published segment files, in order, with loadgen's own parser of the documented
-/// format (header, then `len u32 | crc32c u32 | payload` frames whose CRC-32C covers the
-/// header's generation, the length and the payload, then zero padding in direct mode), and
-/// compares every record with what was written.
+/// format (version 2: header, then blocks of a 64-byte header (magic `SRB2`, codec, stored and
+/// raw lengths, record count, padding, CRC-32C of segment, generation, the block's offset, the
+/// header's first 48 bytes and the stored bytes), the stored records (`len u32 | 0 u32 |
+/// payload`), then `pad` zeros), and compares every record with what was written. loadgen
+/// runs without compression: a compressed block is an error here.
 pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), String> {
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64_at = |b: &[u8], o: usize| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(x)
+    };
     let mut i = 0usize;
     for p in paths {
         let buf = std::fs::read(p).map_err(|e| format!("{}: read: {e}", p.display()))?;
         let header =
             segment::parse_header(&buf).map_err(|e| format!("{}: header: {e}", p.display()))?;
-        let generation = header.generation.to_le_bytes();
         let mut off = HEADER_LEN;
-        while off + 8 <= buf.len() {
-            let len = u32::from_le_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]);
-            let crc = u32::from_le_bytes([buf[off + 4], buf[off + 5], buf[off + 6], buf[off + 7]]);
-            if len == 0 && crc == 0 {
-                // Direct-mode padding: zeros to the end.
-                if let Some(z) = buf[off..].iter().position(|&b| b != 0) {
-                    return Err(format!(
-                        "{}: non-zero byte in the padding at offset {}",
-                        p.display(),
-                        off + z
-                    ));
-                }
-                off = buf.len();
+        while off + 64 <= buf.len() {
+            let h = &buf[off..off + 64];
+            if h.iter().all(|&b| b == 0) {
+                // Zeros past the last block (a padded tail): zeros to the end.
                 break;
             }
-            let end = off + 8 + len as usize;
-            if end > buf.len() {
+            if &h[0..4] != b"SRB2" {
+                return Err(format!("{}: bad block magic at offset {off}", p.display()));
+            }
+            if h[4] != 0 {
                 return Err(format!(
-                    "{}: record at offset {off} ({len} bytes) passes the end of the file ({})",
+                    "{}: block at offset {off} has codec {} (loadgen writes raw blocks)",
+                    p.display(),
+                    h[4]
+                ));
+            }
+            let stored = u64_at(h, 8) as usize;
+            let count = u32_at(h, 24) as usize;
+            let pad = u32_at(h, 28) as usize;
+            let start = off + 64;
+            let end = start + stored;
+            if stored as u64 != u64_at(h, 16) || end + pad > buf.len() {
+                return Err(format!(
+                    "{}: block at offset {off} ({stored} bytes) passes the end of the file ({})",
                     p.display(),
                     buf.len()
                 ));
             }
-            let payload = &buf[off + 8..end];
-            let head = crc32c::crc32c_append(crc32c::crc32c(&generation), &len.to_le_bytes());
-            let want = crc32c::crc32c_append(head, payload);
-            if want != crc {
+            let mut bind = [0u8; 16];
+            bind[0..4].copy_from_slice(&header.segment.to_le_bytes());
+            bind[4..8].copy_from_slice(&header.generation.to_le_bytes());
+            bind[8..16].copy_from_slice(&(off as u64).to_le_bytes());
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&bind), &h[..48]);
+            let crc = crc32c::crc32c_append(crc, &buf[start..end]);
+            if crc != u32_at(h, 48) {
                 return Err(format!("{}: CRC mismatch at offset {off}", p.display()));
             }
-            let Some(e) = expect.get(i) else {
+            let mut r = start;
+            let mut n = 0;
+            while r < end {
+                if end - r < 8 || u32_at(&buf, r + 4) != 0 {
+                    return Err(format!("{}: bad record frame at offset {r}", p.display()));
+                }
+                let len = u32_at(&buf, r) as usize;
+                if r + 8 + len > end {
+                    return Err(format!(
+                        "{}: record at offset {r} ({len} bytes) passes its block",
+                        p.display()
+                    ));
+                }
+                let payload = &buf[r + 8..r + 8 + len];
+                let Some(e) = expect.get(i) else {
+                    return Err(format!(
+                        "{}: record {i} at offset {r} was never written (only {} were)",
+                        p.display(),
+                        expect.len()
+                    ));
+                };
+                if let Some(why) = e.mismatch(payload) {
+                    return Err(format!("{}: record {i} at offset {r}: {why}", p.display()));
+                }
+                i += 1;
+                n += 1;
+                r += 8 + len;
+            }
+            if n != count {
                 return Err(format!(
-                    "{}: record {i} at offset {off} was never written (only {} were)",
-                    p.display(),
-                    expect.len()
-                ));
-            };
-            if let Some(why) = e.mismatch(payload) {
-                return Err(format!(
-                    "{}: record {i} at offset {off}: {why}",
+                    "{}: block at offset {off} holds {n} records, its header says {count}",
                     p.display()
                 ));
             }
-            i += 1;
-            off = end;
+            if buf[end..end + pad].iter().any(|&b| b != 0) {
+                return Err(format!(
+                    "{}: non-zero byte in the padding of the block at offset {off}",
+                    p.display()
+                ));
+            }
+            off = end + pad;
         }
-        // A tail shorter than a frame header is direct-mode padding: zeros only.
+        // A tail shorter than a block header, or zeros past the last block: zeros only.
         if buf[off.min(buf.len())..].iter().any(|&b| b != 0) {
             return Err(format!(
                 "{}: {} trailing bytes that are not zero padding",

@@ -18,7 +18,7 @@ mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, Short, Take};
+pub(crate) use buf::{BufferPool, DECODE_POOL, IoBuf, OpenBlock, Short, Take};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;

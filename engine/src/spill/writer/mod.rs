@@ -119,6 +119,8 @@ pub struct SpillWriter {
     queue_depth: usize,
     /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
     span: tracing::Span,
+    /// Format v2: the block codec and `Auto`'s state (`place.rs`).
+    codec: place::CodecState,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -163,6 +165,7 @@ impl SpillWriter {
             direct: cfg.mode == WriteMode::Direct,
             large: cfg.large_record_threshold,
             queue_depth: cfg.queue_depth,
+            codec: place::CodecState::new(cfg.compression),
             task,
             shared,
             hook_id,
