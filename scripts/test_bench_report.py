@@ -151,7 +151,7 @@ class GoalTable(unittest.TestCase):
         self.assertEqual(auto[1], "≤ 0.4")
         self.assertIn("codec.json", saved)
         self.assertIn("## Codecs and encryption (segment format v2)", md)
-        self.assertIn("| auto | 1.000 | 1.500 | 0.300 |", md)
+        self.assertIn("| auto | 1.000 | 1.500 | 0.300 | – |", md)
 
     def test_codec_misses_are_bolded_with_their_distance(self):
         md, _ = run_report({"codec": codec_doc(auto_phys=0.45, auto_gain=1.2, rnd_gain=0.9, rnd_cpu=1.2, lz4=0.5,
