@@ -542,5 +542,17 @@ fn metrics(core: &Core) -> Metrics {
         pool_hits: g(&c.pool_hits),
         pool_misses: g(&c.pool_misses),
         pool_trims: g(&c.pool_trims),
+        // Format v2 (issue 11).
+        logical_bytes_written: g(&c.logical_bytes_written),
+        physical_bytes_written: g(&c.physical_bytes_written),
+        logical_bytes_read: g(&c.logical_bytes_read),
+        physical_bytes_read: g(&c.physical_bytes_read),
+        blocks_raw: g(&c.blocks_raw),
+        blocks_lz4: g(&c.blocks_lz4),
+        blocks_zstd: g(&c.blocks_zstd),
+        compress_nanos: g(&c.compress_nanos),
+        decompress_nanos: g(&c.decompress_nanos),
+        encrypt_nanos: g(&c.encrypt_nanos),
+        decrypt_nanos: g(&c.decrypt_nanos),
     }
 }

@@ -82,8 +82,8 @@ pub mod testing;
 pub use bytes::Bytes;
 pub use cleanup::CleanupReport;
 pub use config::{
-    Backend, BackendKind, DIRECT_ALIGN, EngineConfig, MAX_OPEN_FILES, MAX_SEGMENT_SIZE,
-    MIN_SEGMENT_SIZE, WriteMode,
+    Backend, BackendKind, Compression, DIRECT_ALIGN, EngineConfig, MAX_OPEN_FILES,
+    MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, WriteMode,
 };
 pub use engine::{Engine, ShutdownReport};
 pub use error::{Result, SpillError};

@@ -32,6 +32,18 @@ pub(crate) struct Counters {
     pub pool_trims: AtomicU64,
     /// Gauge: deletes queued to an I/O thread and not yet completed.
     pub deletes_in_flight: AtomicU64,
+    // Format v2 (issue 11): blocks, codecs, encryption.
+    pub logical_bytes_written: AtomicU64,
+    pub physical_bytes_written: AtomicU64,
+    pub logical_bytes_read: AtomicU64,
+    pub physical_bytes_read: AtomicU64,
+    pub blocks_raw: AtomicU64,
+    pub blocks_lz4: AtomicU64,
+    pub blocks_zstd: AtomicU64,
+    pub compress_nanos: AtomicU64,
+    pub decompress_nanos: AtomicU64,
+    pub encrypt_nanos: AtomicU64,
+    pub decrypt_nanos: AtomicU64,
 }
 
 impl Counters {
@@ -121,6 +133,29 @@ pub struct Metrics {
     /// Pooled files deleted: past the pool's bounds, under ledger or quota pressure, by
     /// `Engine::trim_pool`, or at shutdown.
     pub pool_trims: u64,
+    // Format v2 (issue 11): blocks, codecs, encryption.
+    /// Bytes of records and their frames sealed into blocks, before compression.
+    pub logical_bytes_written: u64,
+    /// Bytes of blocks as written (headers and stored bytes, after compression).
+    pub physical_bytes_written: u64,
+    /// Bytes of blocks' records once decoded by readers.
+    pub logical_bytes_read: u64,
+    /// Bytes of blocks as read by readers (headers and stored bytes).
+    pub physical_bytes_read: u64,
+    /// Blocks stored raw.
+    pub blocks_raw: u64,
+    /// Blocks stored with lz4.
+    pub blocks_lz4: u64,
+    /// Blocks stored with zstd.
+    pub blocks_zstd: u64,
+    /// Nanoseconds spent compressing (trials of Auto included).
+    pub compress_nanos: u64,
+    /// Nanoseconds spent decompressing.
+    pub decompress_nanos: u64,
+    /// Nanoseconds spent encrypting (0: encryption is not built yet).
+    pub encrypt_nanos: u64,
+    /// Nanoseconds spent decrypting (0: encryption is not built yet).
+    pub decrypt_nanos: u64,
 }
 
 impl Metrics {
@@ -133,7 +168,7 @@ impl Metrics {
             "# HELP spillring_info Which backend and write mode run.\n# TYPE spillring_info gauge\nspillring_info{{backend=\"{}\",write_mode=\"{}\"}} 1",
             self.backend, self.write_mode
         );
-        let rows: [(&str, &str, &str, f64); 33] = [
+        let rows: [(&str, &str, &str, f64); 44] = [
             (
                 "tickets_used",
                 "gauge",
@@ -325,6 +360,72 @@ impl Metrics {
                 "counter",
                 "Pooled files deleted.",
                 self.pool_trims as f64,
+            ),
+            (
+                "logical_bytes_written_total",
+                "counter",
+                "Bytes of records and their frames sealed into blocks, before compression.",
+                self.logical_bytes_written as f64,
+            ),
+            (
+                "physical_bytes_written_total",
+                "counter",
+                "Bytes of blocks as written (headers and stored bytes, after compression).",
+                self.physical_bytes_written as f64,
+            ),
+            (
+                "logical_bytes_read_total",
+                "counter",
+                "Bytes of blocks' records once decoded by readers.",
+                self.logical_bytes_read as f64,
+            ),
+            (
+                "physical_bytes_read_total",
+                "counter",
+                "Bytes of blocks as read by readers (headers and stored bytes).",
+                self.physical_bytes_read as f64,
+            ),
+            (
+                "blocks_raw_total",
+                "counter",
+                "Blocks stored raw.",
+                self.blocks_raw as f64,
+            ),
+            (
+                "blocks_lz4_total",
+                "counter",
+                "Blocks stored with lz4.",
+                self.blocks_lz4 as f64,
+            ),
+            (
+                "blocks_zstd_total",
+                "counter",
+                "Blocks stored with zstd.",
+                self.blocks_zstd as f64,
+            ),
+            (
+                "compress_nanos_total",
+                "counter",
+                "Nanoseconds spent compressing (trials of Auto included).",
+                self.compress_nanos as f64,
+            ),
+            (
+                "decompress_nanos_total",
+                "counter",
+                "Nanoseconds spent decompressing.",
+                self.decompress_nanos as f64,
+            ),
+            (
+                "encrypt_nanos_total",
+                "counter",
+                "Nanoseconds spent encrypting (0: encryption is not built yet).",
+                self.encrypt_nanos as f64,
+            ),
+            (
+                "decrypt_nanos_total",
+                "counter",
+                "Nanoseconds spent decrypting (0: encryption is not built yet).",
+                self.decrypt_nanos as f64,
             ),
             (
                 "tickets_free",

@@ -36,17 +36,19 @@ pub const CLEANUP_RECORD_BYTES: usize = std::mem::size_of::<crate::store::queue:
 /// What [`parse_segment`] found in a segment buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedSegment {
-    /// Where each record that parsed has its payload in the buffer, in order.
-    pub records: Vec<std::ops::Range<usize>>,
+    /// The records, in order, as the reader hands them out (decoded).
+    pub records: Vec<Vec<u8>>,
     /// The damage that stopped the parse (offset in the segment, detail), `None` if it reached
     /// the written length.
     pub damage: Option<(u64, &'static str)>,
 }
 
 /// Parses segment `segment` of engine `engine` the way a reader does, with the crate's own
-/// header and frame parsers: the header, then records (of the header's generation) up to
-/// `end`, the segment's written length. `buf` is the file: shorter than `end` if it was truncated, longer if padded.
+/// header and block parsers: the header, then blocks (of the header's generation) up to `end`,
+/// the segment's written length, each checked and decoded. `buf` is the file: shorter than
+/// `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
+    use crate::format::block;
     let mut out = ParsedSegment {
         records: Vec::new(),
         damage: None,
@@ -57,38 +59,112 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
         out.damage = Some((buf.len() as u64, "segment truncated inside its header"));
         return out;
     }
-    match crate::format::segment::parse_header(buf) {
-        Err(d) => out.damage = Some((0, d)),
+    let h = match crate::format::segment::parse_header(buf) {
+        Err(d) => {
+            out.damage = Some((0, d));
+            return out;
+        }
         Ok(h) if h.segment != segment || h.engine != engine => {
             out.damage = Some((0, "header names another segment or engine"));
+            return out;
         }
-        Ok(h) => {
-            let mut off = crate::format::segment::HEADER_LEN;
-            loop {
-                match crate::format::segment::next_frame(buf, off, end, h.generation) {
-                    Ok(Some(f)) => {
-                        out.records.push(f.start..f.end);
-                        off = f.end;
-                    }
-                    Ok(None) => break,
-                    Err(d) => {
-                        out.damage = Some((d.offset, d.detail));
-                        break;
-                    }
+        Ok(h) => h,
+    };
+    let bind = block::Binding {
+        segment,
+        generation: h.generation,
+    };
+    let counters = crate::metrics::Counters::default();
+    let mut off = crate::format::segment::HEADER_LEN;
+    loop {
+        let b = match block::block_at(buf, off, end).and_then(|b| {
+            b.map(|b| block::check_block(buf, &b, bind).map(|()| b))
+                .transpose()
+        }) {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(d) => {
+                out.damage = Some((d.offset, d.detail));
+                break;
+            }
+        };
+        let stored = bytes::Bytes::copy_from_slice(&buf[b.stored.clone()]);
+        let mut cb = match crate::spill::reader::CurBlock::decode(
+            b.header,
+            stored,
+            b.offset as u64,
+            &counters,
+        ) {
+            Ok(cb) => cb,
+            Err(d) => {
+                out.damage = Some((b.offset as u64, d));
+                break;
+            }
+        };
+        loop {
+            match cb.next() {
+                Ok(Some(r)) => out.records.push(r.to_vec()),
+                Ok(None) => break,
+                Err(d) => {
+                    out.damage = Some((b.offset as u64, d));
+                    return out;
                 }
             }
         }
+        off = b.next;
     }
     out
 }
 
 /// A valid segment: the header of segment `segment` of engine `engine` (generation 0), then
-/// `records`, framed as the writer frames them.
+/// `records` in one raw block, framed as the writer frames them.
 pub fn encode_segment(segment: u32, engine: u64, records: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::from(crate::format::segment::encode_header(segment, engine, 0));
-    for r in records {
-        v.extend_from_slice(&crate::format::segment::frame_header(r, 0));
-        v.extend_from_slice(r);
+    encode_segment_blocks(segment, engine, 0, &[(records, 0)])
+}
+
+/// A valid segment of use `generation`: one block per entry of `blocks`, each its records and
+/// its codec (0 raw, 1 lz4, 2 zstd level 1; stored raw if the codec does not shrink them).
+pub fn encode_segment_blocks(
+    segment: u32,
+    engine: u64,
+    generation: u32,
+    blocks: &[(&[&[u8]], u8)],
+) -> Vec<u8> {
+    use crate::format::block::{self, Binding, Codec};
+    let mut v = Vec::from(crate::format::segment::encode_header(
+        segment, engine, generation,
+    ));
+    let bind = Binding {
+        segment,
+        generation,
+    };
+    for (records, codec) in blocks {
+        let mut raw = Vec::new();
+        for r in *records {
+            raw.extend_from_slice(&block::record_frame(r.len()));
+            raw.extend_from_slice(r);
+        }
+        let codec = match codec {
+            1 => Codec::Lz4,
+            2 => Codec::Zstd(1),
+            _ => Codec::Raw,
+        };
+        let mut dst = vec![0u8; raw.len()];
+        let (codec, stored) = match block::compress(codec, &raw, &mut dst) {
+            Some(n) => (codec, &dst[..n]),
+            None => (Codec::Raw, &raw[..]),
+        };
+        let h = block::encode_block_header(
+            bind,
+            v.len() as u64,
+            codec,
+            raw.len() as u64,
+            records.len() as u32,
+            0,
+            stored,
+        );
+        v.extend_from_slice(&h);
+        v.extend_from_slice(stored);
     }
     v
 }
@@ -133,4 +209,10 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
         mapped,
         peak,
     }
+}
+
+/// Decode buffers the process-wide decode pool keeps now (compressed blocks' records give
+/// theirs back when the last one is dropped).
+pub fn decode_buffers_kept() -> usize {
+    crate::io::DECODE_POOL.kept()
 }

@@ -1,32 +1,65 @@
-//! A corrupt byte, a damaged header and a truncated tail: the reader returns every intact
-//! record before the damage, then `Corrupt` naming the segment and the record's offset, and
-//! never a wrong byte.
+//! A corrupt byte, a damaged block header, a block pasted from another segment, a damaged
+//! segment header and a truncated tail (format v2, every codec): the reader returns every
+//! record of the intact blocks before the damage, then `Corrupt` naming the segment and the
+//! damaged block's offset, and never a wrong byte.
 
 #[macro_use]
 mod common;
 use common::*;
 
 use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 
-use spillring::{BackendKind, Bytes, Engine, SpillError, SpilledState, TaskSpill, WriteMode};
+use spillring::{
+    BackendKind, Bytes, Compression, Engine, SpillError, SpilledState, TaskSpill, WriteMode,
+};
 
 per_backend!(
     damage_is_reported_where_it_is_buffered,
     damage_is_reported_where_it_is_direct,
     damage_is_reported_where_it_is_buffered_and_mapped,
     damage_is_reported_where_it_is_direct_and_mapped,
+    damage_in_lz4_blocks_buffered,
+    damage_in_zstd_blocks_direct_mapped,
+    damage_in_auto_blocks_direct,
 );
 
 const REC: usize = 1000;
-const FRAMED: u64 = REC as u64 + 8;
 const HEADER: u64 = 64;
-const PER_SEGMENT: u64 = 64; // (64 KiB - 64) / 1008
+const BLOCK: u64 = 64;
+/// (64 KiB - segment header - block header) / (1000 + 8): one block per segment.
+const PER_SEGMENT: u64 = 64;
 
-fn spill(engine: &Engine) -> (TaskSpill, SpilledState) {
+/// Record `i`: random bytes, or (`text`) a lineitem-like row that compresses.
+fn rec(i: u64, text: bool) -> Vec<u8> {
+    if !text {
+        return record(i, REC);
+    }
+    let mut v = Vec::with_capacity(REC);
+    let mut k = i;
+    while v.len() < REC {
+        let row = format!(
+            "{k}|{}|{}|{}|{}.00|0.0{}|N|O|1996-0{}-1{}|DELIVER IN PERSON|TRUCK|carefully final deposits\n",
+            k * 7 % 200_000,
+            k % 10_000,
+            k % 7,
+            (k % 50) * 1000,
+            k % 9,
+            k % 9 + 1,
+            k % 10
+        );
+        v.extend_from_slice(row.as_bytes());
+        k += 1;
+    }
+    v.truncate(REC);
+    v
+}
+
+fn spill(engine: &Engine, text: bool) -> (TaskSpill, SpilledState) {
     let task = engine.task("corrupt").unwrap();
     let mut w = task.writer().unwrap();
     for i in 0..300 {
-        w.write(Bytes::from(record(i, REC))).unwrap();
+        w.write(Bytes::from(rec(i, text))).unwrap();
     }
     let st = w.finish().unwrap();
     assert_eq!(st.segments(), 5);
@@ -34,13 +67,13 @@ fn spill(engine: &Engine) -> (TaskSpill, SpilledState) {
 }
 
 /// Reads until an error; asserts every record returned is the one written.
-fn read_until_error(st: &SpilledState) -> (u64, SpillError) {
+fn read_until_error(st: &SpilledState, text: bool) -> (u64, SpillError) {
     let mut r = st.reader().unwrap();
     let mut i = 0;
     loop {
         match r.next_record() {
-            Ok(Some(rec)) => {
-                assert_eq!(&rec[..], &record(i, REC)[..], "record {i} is wrong");
+            Ok(Some(got)) => {
+                assert_eq!(&got[..], &rec(i, text)[..], "record {i} is wrong");
                 i += 1;
             }
             Ok(None) => panic!("read all {i} records: the damage went unnoticed"),
@@ -49,65 +82,7 @@ fn read_until_error(st: &SpilledState) -> (u64, SpillError) {
     }
 }
 
-/// `read_buffer_max`: segments up to it are read into a buffer (all of them at the default),
-/// larger ones mapped (all of them at 0).
-fn damage_cases(b: spillring::BackendKind, mode: WriteMode, read_buffer_max: usize) {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let engine = Engine::open(
-        cfg(dir.path(), b)
-            .mode(mode)
-            .segment_size(64 << 10)
-            .read_buffer_max(read_buffer_max),
-    )
-    .unwrap();
-    let (task, st) = spill(&engine);
-    let paths = st.paths();
-
-    // 1. One flipped byte inside record 10 of segment 1.
-    let at = HEADER + 10 * FRAMED;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&paths[1])
-        .unwrap();
-    f.seek(SeekFrom::Start(at + 8 + 5)).unwrap();
-    f.write_all(&[0xAA]).unwrap();
-    drop(f);
-    let (good, err) = read_until_error(&st);
-    assert_eq!(good, PER_SEGMENT + 10);
-    match err {
-        SpillError::Corrupt {
-            segment,
-            offset,
-            detail,
-            ref path,
-        } => {
-            assert_eq!((segment, offset), (1, at), "{err}");
-            assert_eq!(detail, "record checksum mismatch");
-            assert_eq!(path, &paths[1]);
-        }
-        other => panic!("want Corrupt, got {other}"),
-    }
-
-    // 2. A truncated tail: the last segment loses its last 10 bytes.
-    let last_records = 300 - 4 * PER_SEGMENT; // 44
-    let logical = HEADER + last_records * FRAMED;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&paths[4])
-        .unwrap()
-        .set_len(logical - 10)
-        .unwrap();
-    // Repair segment 1 so the reader gets that far.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&paths[1])
-        .unwrap();
-    f.seek(SeekFrom::Start(at + 8 + 5)).unwrap();
-    f.write_all(&record(PER_SEGMENT + 10, REC)[5..6]).unwrap();
-    drop(f);
-    let (good, err) = read_until_error(&st);
-    assert_eq!(good, 299, "every record before the cut is returned");
+fn assert_corrupt(err: &SpillError, want: (u32, u64), want_detail: Option<&str>) {
     match err {
         SpillError::Corrupt {
             segment,
@@ -115,17 +90,124 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode, read_buffer_max: usi
             detail,
             ..
         } => {
-            assert_eq!(
-                (segment, offset),
-                (4, HEADER + (last_records - 1) * FRAMED),
-                "{err}"
-            );
-            assert_eq!(detail, "segment truncated inside a record");
+            assert_eq!((*segment, *offset), want, "{err}");
+            if let Some(d) = want_detail {
+                assert_eq!(*detail, d, "{err}");
+            }
         }
         other => panic!("want Corrupt, got {other}"),
     }
+}
 
-    // 3. A damaged header: the segment is refused at offset 0 before any of its records.
+fn flip(path: &std::path::Path, at: u64) -> u8 {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0xAA], at).unwrap();
+    b[0]
+}
+
+fn restore(path: &std::path::Path, at: u64, byte: u8) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&[byte], at).unwrap();
+}
+
+/// `read_buffer_max`: segments up to it are read into a buffer (all of them at the default),
+/// larger ones mapped (all of them at 0).
+fn damage_cases(
+    b: spillring::BackendKind,
+    mode: WriteMode,
+    read_buffer_max: usize,
+    compression: Compression,
+) {
+    let text = compression != Compression::None;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .mode(mode)
+            .segment_size(64 << 10)
+            .read_buffer_max(read_buffer_max)
+            .compression(compression),
+    )
+    .unwrap();
+    let (task, st) = spill(&engine, text);
+    let paths = st.paths();
+    if text {
+        let m = engine.metrics();
+        assert!(
+            m.physical_bytes_written * 2 < m.logical_bytes_written,
+            "compressible rows shrink: {m:?}"
+        );
+        if compression == Compression::Auto {
+            // Auto may keep a block raw while it measures (a trial that did not pay).
+            assert!(m.blocks_lz4 + m.blocks_zstd > 0, "{m:?}");
+        } else {
+            assert_eq!(m.blocks_raw, 0, "{m:?}");
+        }
+    }
+
+    // 1. One flipped byte inside the block of segment 1 (a record's bytes, or the compressed
+    //    bytes holding them): the whole block is refused, at the block's offset.
+    let at = HEADER + BLOCK + 100;
+    let old = flip(&paths[1], at);
+    let (good, err) = read_until_error(&st, text);
+    assert_eq!(good, PER_SEGMENT);
+    assert_corrupt(&err, (1, HEADER), Some("block checksum mismatch"));
+    assert!(
+        err.to_string().contains(paths[1].to_str().unwrap()),
+        "{err}"
+    );
+    restore(&paths[1], at, old);
+
+    // 2. A damaged block header (its stored length): refused at the block's offset.
+    let at = HEADER + 9;
+    let old = flip(&paths[1], at);
+    let (good, err) = read_until_error(&st, text);
+    assert_eq!(good, PER_SEGMENT);
+    assert_corrupt(&err, (1, HEADER), None);
+    restore(&paths[1], at, old);
+
+    // 3. The block of segment 3 pasted over segment 2's (same place, same length when raw):
+    //    the checksum binds the segment number, so it is refused.
+    let s3 = std::fs::read(&paths[3]).unwrap();
+    let s2 = std::fs::read(&paths[2]).unwrap();
+    let n = s2.len().min(s3.len());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .unwrap();
+    f.write_all_at(&s3[HEADER as usize..n], HEADER).unwrap();
+    drop(f);
+    let (good, err) = read_until_error(&st, text);
+    assert_eq!(good, 2 * PER_SEGMENT);
+    assert_corrupt(&err, (2, HEADER), None);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .unwrap();
+    f.write_all_at(&s2[HEADER as usize..], HEADER).unwrap();
+    drop(f);
+
+    // 4. A truncated tail: the last segment is cut inside its block.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[4])
+        .unwrap()
+        .set_len(HEADER + BLOCK + 10)
+        .unwrap();
+    let (good, err) = read_until_error(&st, text);
+    assert_eq!(
+        good,
+        4 * PER_SEGMENT,
+        "every block before the cut is returned"
+    );
+    assert_corrupt(&err, (4, HEADER), Some("segment truncated inside a block"));
+
+    // 5. A damaged segment header: the segment is refused at offset 0 before any record.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .open(&paths[2])
@@ -133,19 +215,9 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode, read_buffer_max: usi
     f.seek(SeekFrom::Start(13)).unwrap();
     f.write_all(&[0xFF]).unwrap();
     drop(f);
-    let (good, err) = read_until_error(&st);
+    let (good, err) = read_until_error(&st, text);
     assert_eq!(good, 2 * PER_SEGMENT);
-    assert!(
-        matches!(
-            err,
-            SpillError::Corrupt {
-                segment: 2,
-                offset: 0,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_corrupt(&err, (2, 0), None);
 
     // Damage does not break ownership: the files are still deleted exactly once.
     drop(st);
@@ -155,19 +227,31 @@ fn damage_cases(b: spillring::BackendKind, mode: WriteMode, read_buffer_max: usi
 }
 
 fn damage_is_reported_where_it_is_buffered(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered, 256 << 10);
+    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::None);
 }
 
 fn damage_is_reported_where_it_is_direct(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 256 << 10);
+    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::None);
 }
 
 fn damage_is_reported_where_it_is_buffered_and_mapped(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered, 0);
+    damage_cases(b, WriteMode::Buffered, 0, Compression::None);
 }
 
 fn damage_is_reported_where_it_is_direct_and_mapped(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 0);
+    damage_cases(b, WriteMode::Direct, 0, Compression::None);
+}
+
+fn damage_in_lz4_blocks_buffered(b: BackendKind) {
+    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::Lz4);
+}
+
+fn damage_in_zstd_blocks_direct_mapped(b: BackendKind) {
+    damage_cases(b, WriteMode::Direct, 0, Compression::Zstd { level: 3 });
+}
+
+fn damage_in_auto_blocks_direct(b: BackendKind) {
+    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::Auto);
 }
 
 /// The reader as an iterator yields every record in order, then ends; on a damaged segment it
@@ -191,24 +275,22 @@ fn the_reader_iterator_ends_after_its_first_error() {
     for (i, r) in all.iter().enumerate() {
         assert_eq!(r[..], record(i as u64, 100)[..]);
     }
-    // Flip a byte of the 4th record's payload (header 64 + 3 framed records of 108, + frame 8).
-    // In place, never truncating: `all` still points into a mapping of this file.
+    // Flip a byte of the 4th record's payload (header 64 + block header 64 + 3 framed records
+    // of 108, + frame 8). In place, never truncating: `all` still points into a mapping of
+    // this file.
     let path = &state.paths()[0];
-    let at = 64 + 3 * 108 + 8 + 5;
+    let at = 64 + 64 + 3 * 108 + 8 + 5;
     let byte = std::fs::read(path).unwrap()[at] ^ 1;
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     std::os::unix::fs::FileExt::write_at(&f, &[byte], at as u64).unwrap();
     let items: Vec<_> = state.reader().unwrap().collect();
-    assert_eq!(
-        items.len(),
-        4,
-        "three records, then the error, then the end"
-    );
-    assert!(items[..3].iter().all(|r| r.is_ok()));
+    // The block's checksum covers all ten records: none is returned, the error once, then
+    // the end.
+    assert_eq!(items.len(), 1, "the error, then the end");
     assert!(
-        matches!(items[3], Err(spillring::SpillError::Corrupt { .. })),
+        matches!(items[0], Err(spillring::SpillError::Corrupt { .. })),
         "{:?}",
-        items[3]
+        items[0]
     );
     drop((all, state, task));
     assert_clean(&engine, dir.path());

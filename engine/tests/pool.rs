@@ -202,8 +202,9 @@ fn the_pool_keeps_its_bounds(b: BackendKind) {
 /// `pool_max_bytes` holds to the byte: a release whose segment would pass it deletes that
 /// segment, one that lands exactly on it keeps it.
 fn the_pool_keeps_its_byte_bound_exactly(b: BackendKind) {
-    // One 200,000-byte record per 256 KiB segment (a second would pass it): header + frame.
-    const FULL: u64 = 64 + 8 + 200_000;
+    // One 200,000-byte record per 256 KiB segment (a second would pass it): header, block
+    // header, frame.
+    const FULL: u64 = 64 + 64 + 8 + 200_000;
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(pooled_cfg(dir.path(), b).pool_max_bytes(2 * FULL)).unwrap();
     let task = engine.task("bytes").unwrap();

@@ -454,8 +454,15 @@ fn published_files_read_back_equal_the_records(b: BackendKind) {
         assert_clean(&engine, root.path());
         drop(engine);
         read_published(&paths);
-        // 64 frames of 1008 bytes after the 64-byte header: exactly the written length.
-        assert_eq!(std::fs::metadata(&paths[0]).unwrap().len(), 64 + 64 * 1008);
+        // One block of 64 frames of 1008 bytes after the 64-byte header (direct mode: padded
+        // to 4 KiB, recorded in the block header): exactly the written length.
+        let want = 64u64 + 64 + 64 * 1008;
+        let want = if wm == spillring::WriteMode::Direct {
+            want.next_multiple_of(4096)
+        } else {
+            want
+        };
+        assert_eq!(std::fs::metadata(&paths[0]).unwrap().len(), want);
         let h = SegmentReader::open(&paths[1]).unwrap().header();
         assert_eq!(h.version, spillring::segment::VERSION);
         check_damage(&paths[0]);
@@ -467,7 +474,7 @@ fn published_files_read_back_equal_the_records(b: BackendKind) {
 fn check_damage(good: &Path) {
     let bytes = std::fs::read(good).unwrap();
     let dir = tempfile::tempdir_in(good.parent().unwrap()).unwrap();
-    let frame = |k: usize| (64 + k * 1008) as u64;
+    let frame = |k: usize| (64 + 64 + k * 1008) as u64;
     let case = |name: &str, data: &[u8]| {
         let p = dir.path().join(name);
         std::fs::write(&p, data).unwrap();
@@ -501,32 +508,60 @@ fn check_damage(good: &Path) {
         SpillError::Corrupt { offset, detail, .. } => (*offset, *detail),
         other => panic!("want Corrupt, got {other:?}"),
     };
-    // Cut inside frame 10's payload, and inside frame 10's frame header.
+    // Format v2: the records are one block at offset 64, whose checksum covers them all.
+    const BLOCK: u64 = 64;
+    // Cut inside frame 10's payload, inside its frame, inside the block header.
     for cut in [frame(10) + 500, frame(10) + 3] {
         let (n, e) = read(&case("cut", &bytes[..cut as usize]));
-        assert_eq!((n, corrupt_at(&e).0), (10, frame(10)), "{e}");
+        assert_eq!(
+            (n, corrupt_at(&e)),
+            (0, (BLOCK, "block runs past the end of the segment")),
+            "{e}"
+        );
     }
-    // A flipped payload byte in frame 20.
+    let (n, e) = read(&case("cut-header", &bytes[..BLOCK as usize + 30]));
+    assert_eq!((n, corrupt_at(&e)), (0, (BLOCK, "truncated block header")));
+    // A flipped payload byte in frame 20: no record of the block is returned.
     let mut flip = bytes.clone();
     flip[frame(20) as usize + 8 + 77] ^= 0x10;
     let (n, e) = read(&case("flip", &flip));
-    assert_eq!(
-        (n, corrupt_at(&e)),
-        (20, (frame(20), "record checksum mismatch"))
-    );
-    // A length field that claims 4 GiB: refused before any allocation.
+    assert_eq!((n, corrupt_at(&e)), (0, (BLOCK, "block checksum mismatch")));
+    // A stored length that claims 2^64 - 1 bytes: refused before any allocation.
     let mut len = bytes.clone();
-    len[frame(5) as usize..frame(5) as usize + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    len[BLOCK as usize + 8..BLOCK as usize + 16].copy_from_slice(&u64::MAX.to_le_bytes());
     let (n, e) = read(&case("len", &len));
     assert_eq!(
         (n, corrupt_at(&e)),
-        (5, (frame(5), "record runs past the end of the segment"))
+        (0, (BLOCK, "raw block whose lengths disagree"))
     );
-    // Direct-mode padding left on (a file copied, not published): zeros are no frame.
+    len[BLOCK as usize + 16..BLOCK as usize + 24].copy_from_slice(&u64::MAX.to_le_bytes());
+    let (n, e) = read(&case("len2", &len));
+    assert_eq!(
+        (n, corrupt_at(&e)),
+        (0, (BLOCK, "block runs past the end of the segment"))
+    );
+    // Zeros left past the last block (a padded file copied, not published): no block.
     let mut pad = bytes.clone();
     pad.extend_from_slice(&[0u8; 4096]);
     let (n, e) = read(&case("pad", &pad));
-    assert_eq!((n, corrupt_at(&e).0), (64, frame(64)), "{e}");
+    assert_eq!(
+        (n, corrupt_at(&e)),
+        (64, (bytes.len() as u64, "bad block magic")),
+        "{e}"
+    );
+    // A version-1 segment (its header checksum valid): refused by name, never misread.
+    let mut v1 = bytes.clone();
+    v1[8..10].copy_from_slice(&1u16.to_le_bytes());
+    let crc = crc32c_of(&v1[..60]);
+    v1[60..64].copy_from_slice(&crc.to_le_bytes());
+    let (_, e) = read(&case("v1", &v1));
+    assert_eq!(
+        corrupt_at(&e),
+        (
+            0,
+            "segment format version 1: this build reads version 2 only"
+        )
+    );
     // A damaged header, a file shorter than a header, an empty file, not a segment at all.
     let mut hdr = bytes.clone();
     hdr[13] ^= 1;
@@ -652,4 +687,20 @@ fn bad_destinations_and_prefixes_change_nothing(b: BackendKind) {
     drop(st);
     task.close();
     assert_clean(&engine, root.path());
+}
+
+/// CRC-32C (Castagnoli), bitwise: the segment header's checksum, without a dependency.
+fn crc32c_of(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }

@@ -1,38 +1,48 @@
-//! The segment file format. Knows nothing of tickets or I/O backends.
+//! The segment file format (version 2). Knows nothing of tickets or I/O backends.
 //!
 //! ```text
 //! header (64 bytes, at offset 0)
 //!   0  magic      b"SPILLRNG"
-//!   8  version    u16 LE (1)
+//!   8  version    u16 LE (2)
 //!  10  header_len u16 LE (64)
 //!  12  segment    u32 LE   segment number (the file's name)
 //!  16  engine     u64 LE   id of the engine that wrote it
 //!  24  generation u32 LE   which use of the file this is (a pooled file is reused)
-//!  28  reserved   32 zero bytes
+//!  28  flags      u8       0 (bit 0 reserved for "encrypted")
+//!  29  reserved   3 zero bytes
+//!  32  key id     u64 LE   0 (reserved: the engine's key id / nonce prefix when encrypted)
+//!  40  reserved   20 zero bytes
 //!  60  crc        u32 LE   CRC-32C of bytes 0..60
-//! records, back to back
+//! blocks, back to back (see format/block.rs): a 64-byte block header (codec, stored and raw
+//! lengths, record count, padding, CRC-32C bound to segment, generation and the block's
+//! offset), the stored bytes (the records' frames, raw or compressed), then `pad` zeros
+//! records inside a block, once decoded
 //!   0  len        u32 LE   payload length
-//!   4  crc        u32 LE   CRC-32C of generation (4 bytes LE), len (4 bytes LE), payload
+//!   4  reserved   u32      zero
 //!   8  payload
 //! ```
 //!
-//! The generation is bound into every frame's checksum, so a record left in a recycled file by
-//! an earlier use never parses as one of this use's records.
+//! The generation, the segment number and the block's offset are bound into every block's
+//! checksum, so a block left in a recycled file by an earlier use, or pasted from another
+//! segment, never parses as one of this use's blocks. Records carry no checksum of their own:
+//! the block's covers them (version 1 had a CRC per record frame; a version-1 segment is
+//! refused with a typed `Corrupt` error, never read as version 2).
 //!
-//! The writer knows each segment's logical length; in direct mode the file is padded with
-//! zeros to 4 KiB past it. A reader parses exactly the logical length, so a torn or truncated
-//! file is detected and located, and wrong bytes are never returned.
+//! The writer knows each segment's logical length; in direct mode every block but a segment's
+//! last ends on 4 KiB (its `pad`), and the file is padded with zeros to 4 KiB past the logical
+//! length. A reader parses exactly the logical length, so a torn or truncated file is detected
+//! and located, and wrong bytes are never returned.
 
 use std::fmt::Write as _;
 
 /// Bytes of the segment header.
 pub const HEADER_LEN: usize = 64;
-/// Bytes of a record's frame header.
+/// Bytes of a record's frame inside a block (length, 4 reserved zero bytes).
 pub const FRAME_LEN: usize = 8;
 /// Largest payload one record can hold.
 pub const MAX_RECORD: u64 = u32::MAX as u64;
-/// Format version written by this build.
-pub const VERSION: u16 = 1;
+/// Format version written (and the only one read) by this build.
+pub const VERSION: u16 = 2;
 
 const MAGIC: &[u8; 8] = b"SPILLRNG";
 
@@ -76,11 +86,17 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
         return Err("header checksum mismatch");
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
+    if version == 1 {
+        return Err("segment format version 1: this build reads version 2 only");
+    }
     if version != VERSION {
         return Err("unsupported segment format version");
     }
     if u16::from_le_bytes([buf[10], buf[11]]) as usize != HEADER_LEN {
         return Err("unexpected header length");
+    }
+    if buf[28] != 0 {
+        return Err("unsupported segment flags (encrypted?)");
     }
     Ok(SegmentHeader {
         segment: u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]),
@@ -92,94 +108,19 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
     })
 }
 
-/// The checksum of a frame: generation, length, payload.
-#[inline]
-fn frame_crc(generation: u32, len: [u8; 4], payload: &[u8]) -> u32 {
-    let mut head = [0u8; 8];
-    head[..4].copy_from_slice(&generation.to_le_bytes());
-    head[4..].copy_from_slice(&len);
-    crc32c::crc32c_append(crc32c::crc32c(&head), payload)
-}
-
-/// The frame header for `payload` in use `generation` of a segment.
-#[inline]
-pub(crate) fn frame_header(payload: &[u8], generation: u32) -> [u8; FRAME_LEN] {
-    let len = (payload.len() as u32).to_le_bytes();
-    let crc = frame_crc(generation, len, payload);
-    let mut f = [0u8; FRAME_LEN];
-    f[0..4].copy_from_slice(&len);
-    f[4..8].copy_from_slice(&crc.to_le_bytes());
-    f
-}
-
-/// Bytes a record of `len` payload bytes takes in a segment.
+/// Bytes a record of `len` payload bytes takes inside a block.
 #[inline]
 pub(crate) fn framed_len(len: usize) -> u64 {
     FRAME_LEN as u64 + len as u64
 }
 
-/// Where one record's payload lies in a segment buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Frame {
-    pub start: usize,
-    pub end: usize,
-}
-
 /// A problem found while parsing: the offset where it starts and what it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Damage {
+pub struct Damage {
+    /// Offset in the segment.
     pub offset: u64,
+    /// What is wrong.
     pub detail: &'static str,
-}
-
-/// Parses the record at `off` in `buf` (use `generation` of a segment), whose written data ends
-/// at `end` (the segment's logical length). `buf` may be shorter than `end` (a truncated file):
-/// a record that crosses its end is reported as damage at the record's offset. `Ok(None)`
-/// exactly at `end`.
-pub(crate) fn next_frame(
-    buf: &[u8],
-    off: usize,
-    end: usize,
-    generation: u32,
-) -> Result<Option<Frame>, Damage> {
-    if off == end {
-        return Ok(None);
-    }
-    let damage = |detail| Damage {
-        offset: off as u64,
-        detail,
-    };
-    let avail = end.min(buf.len());
-    if off >= avail {
-        return Err(damage(
-            "segment truncated: the file ends before its written length",
-        ));
-    }
-    if end - off < FRAME_LEN {
-        return Err(damage("truncated record frame"));
-    }
-    if avail - off < FRAME_LEN {
-        return Err(damage("segment truncated inside a record frame"));
-    }
-    let len = u32::from_le_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
-    let stored = u32::from_le_bytes([buf[off + 4], buf[off + 5], buf[off + 6], buf[off + 7]]);
-    let start = off + FRAME_LEN;
-    if len > end - start {
-        return Err(damage("record runs past the end of the segment"));
-    }
-    if len > avail - start {
-        return Err(damage("segment truncated inside a record"));
-    }
-    let payload = &buf[start..start + len];
-    let len_bytes = [buf[off], buf[off + 1], buf[off + 2], buf[off + 3]];
-    let crc = frame_crc(generation, len_bytes, payload);
-    if crc != stored {
-        return Err(damage("record checksum mismatch"));
-    }
-    Ok(Some(Frame {
-        start,
-        end: start + len,
-    }))
 }
 
 /// Capacity of a segment file name buffer (NUL included).
@@ -259,72 +200,16 @@ mod tests {
         assert!(parse_header(&h[..10]).is_err());
     }
 
+    /// A version-1 header (valid checksum) is refused by name, never parsed as version 2.
     #[test]
-    fn frames_detect_corruption_and_truncation() {
-        let mut buf = Vec::new();
-        for p in [&b"hello"[..], b"", b"world!"] {
-            buf.extend_from_slice(&frame_header(p, 5));
-            buf.extend_from_slice(p);
-        }
-        let end = buf.len();
-        let mut off = 0;
-        let mut got = Vec::new();
-        while let Some(f) = next_frame(&buf, off, end, 5).unwrap() {
-            got.push(buf[f.start..f.end].to_vec());
-            off = f.end;
-        }
-        assert_eq!(got, vec![b"hello".to_vec(), vec![], b"world!".to_vec()]);
-
-        let mut bad = buf.clone();
-        bad[FRAME_LEN + 1] ^= 0x40; // inside "hello"
+    fn a_version_1_segment_is_refused_by_name() {
+        let mut h = encode_header(7, 1, 0);
+        h[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
-            next_frame(&bad, 0, end, 5),
-            Err(Damage {
-                offset: 0,
-                detail: "record checksum mismatch"
-            })
-        );
-        // Truncated tail: the last record is cut short.
-        let second = FRAME_LEN + 5;
-        let third = second + FRAME_LEN;
-        assert_eq!(
-            next_frame(&buf, third, end - 2, 5).unwrap_err().detail,
-            "record runs past the end of the segment"
-        );
-        assert_eq!(
-            next_frame(&buf, third, third + 3, 5).unwrap_err().detail,
-            "truncated record frame"
-        );
-        // The file was cut short: the record crossing the cut is damage at its offset.
-        assert_eq!(
-            next_frame(&buf[..end - 2], third, end, 5).unwrap_err(),
-            Damage {
-                offset: third as u64,
-                detail: "segment truncated inside a record"
-            }
-        );
-        assert_eq!(
-            next_frame(&buf[..third], third, end, 5).unwrap_err().detail,
-            "segment truncated: the file ends before its written length"
-        );
-        // A zero-filled tail (direct-mode padding read as data) is never a valid record.
-        let zeros = [0u8; 16];
-        assert!(next_frame(&zeros, 0, 16, 0).is_err());
-        assert!(next_frame(&zeros, 0, 16, 5).is_err());
-    }
-
-    /// A record of an earlier use of a recycled file never parses in a later use, even when it
-    /// sits exactly where a record of the later use would start.
-    #[test]
-    fn a_frame_of_another_generation_is_damage() {
-        let p = b"an earlier use";
-        let mut buf = frame_header(p, 1).to_vec();
-        buf.extend_from_slice(p);
-        let end = buf.len();
-        assert!(next_frame(&buf, 0, end, 1).unwrap().is_some());
-        assert_eq!(
-            next_frame(&buf, 0, end, 2).unwrap_err().detail,
-            "record checksum mismatch"
+            parse_header(&h),
+            Err("segment format version 1: this build reads version 2 only")
         );
     }
 

@@ -16,7 +16,7 @@ mod psync;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, Short};
+pub(crate) use buf::{BufferPool, DECODE_POOL, IoBuf, OpenBlock, Short};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::fault::{self, FaultPlan, FaultPoint, Injected};
-use crate::format::segment::{FRAME_LEN, NAME_CAP, SegmentFileName};
+use crate::format::block::LARGE_PREFIX_LEN;
+use crate::format::segment::{NAME_CAP, SegmentFileName};
 
 use super::*;
 
@@ -86,7 +87,7 @@ pub(crate) enum WriteData {
     Staged(IoBuf),
     /// A frame header followed by a caller's payload, written with no copy (vectored).
     Framed {
-        frame: [u8; FRAME_LEN],
+        frame: [u8; LARGE_PREFIX_LEN],
         payload: Bytes,
     },
 }
@@ -95,7 +96,7 @@ impl WriteData {
     pub(crate) fn len(&self) -> usize {
         match self {
             WriteData::Staged(b) => b.len,
-            WriteData::Framed { payload, .. } => FRAME_LEN + payload.len(),
+            WriteData::Framed { payload, .. } => LARGE_PREFIX_LEN + payload.len(),
         }
     }
 }

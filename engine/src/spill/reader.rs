@@ -41,8 +41,9 @@ use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
+use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{Offloaded, Reaped, Reaper};
+use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper};
 use crate::metrics::Counters;
 use crate::spill::grant::{Grant, StateInner, open_error};
 use crate::store::dir::TaskDir;
@@ -75,7 +76,10 @@ impl Drop for MapOwner {
 
 struct Mapped {
     bytes: Bytes,
+    /// The next block's offset.
     off: usize,
+    /// The block whose records are being handed out.
+    block: Option<CurBlock>,
     /// The segment's written length (the map is shorter if the file was truncated).
     end: usize,
     seg: u32,
@@ -254,21 +258,51 @@ impl SpillReader {
     /// The next frame of the current segment: `None` at its end (or with no current segment).
     fn next_in_current(&mut self) -> Option<Result<Option<Bytes>>> {
         let m = self.cur.as_mut()?;
-        match segment::next_frame(&m.bytes, m.off, m.end, m.generation) {
-            Ok(Some(f)) => {
-                m.off = f.end;
-                let c = &self.grant.0.core().counters;
-                Counters::add(&c.bytes_read, (f.end - f.start) as u64);
-                Counters::add(&c.records_read, 1);
-                Some(Ok(Some(m.bytes.slice(f.start..f.end))))
-            }
-            Ok(None) => None,
-            Err(d) => Some(Err(SpillError::Corrupt {
+        let c = &self.grant.0.core().counters;
+        let corrupt = |m: &Mapped, offset: u64, detail| {
+            Some(Err(SpillError::Corrupt {
                 path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
                 segment: m.seg,
-                offset: d.offset,
-                detail: d.detail,
-            })),
+                offset,
+                detail,
+            }))
+        };
+        loop {
+            if let Some(b) = m.block.as_mut() {
+                match b.next() {
+                    Ok(Some(rec)) => {
+                        Counters::add(&c.bytes_read, rec.len() as u64);
+                        Counters::add(&c.records_read, 1);
+                        return Some(Ok(Some(rec)));
+                    }
+                    Ok(None) => m.block = None,
+                    Err(detail) => {
+                        let at = b.offset;
+                        return corrupt(m, at, detail);
+                    }
+                }
+            }
+            let bind = Binding {
+                segment: m.seg,
+                generation: m.generation,
+            };
+            let found = block::block_at(&m.bytes, m.off, m.end).and_then(|b| match b {
+                Some(b) => block::check_block(&m.bytes, &b, bind).map(|()| Some(b)),
+                None => Ok(None),
+            });
+            let b = match found {
+                Ok(Some(b)) => b,
+                Ok(None) => return None,
+                Err(d) => return corrupt(m, d.offset, d.detail),
+            };
+            let stored = m.bytes.slice(b.stored.clone());
+            match CurBlock::decode(b.header, stored, b.offset as u64, c) {
+                Ok(cb) => {
+                    m.off = b.next;
+                    m.block = Some(cb);
+                }
+                Err(detail) => return corrupt(m, b.offset as u64, detail),
+            }
         }
     }
 
@@ -380,6 +414,7 @@ fn open_segment(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
     Ok(Mapped {
         bytes,
         off: HEADER_LEN,
+        block: None,
         end,
         seg,
         generation,
@@ -410,4 +445,65 @@ fn read_up_to(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(got)
+}
+
+/// The largest decoded length a compressed block may claim (a damaged header never makes a
+/// reader allocate more).
+const MAX_DECODED: u64 = 1 << 30;
+
+/// A checked block's records, handed out in order: views of the segment for a raw block, of a
+/// pooled decode buffer for a compressed one (back to the pool when the last view goes).
+pub(crate) struct CurBlock {
+    data: Bytes,
+    off: usize,
+    left: u32,
+    /// The block's offset in the segment (where its damage is reported).
+    pub(crate) offset: u64,
+}
+
+impl CurBlock {
+    /// Decodes a block whose checksum was checked: `stored` are its stored bytes.
+    pub(crate) fn decode(
+        h: BlockHeader,
+        stored: Bytes,
+        offset: u64,
+        c: &crate::metrics::Counters,
+    ) -> std::result::Result<Self, &'static str> {
+        let data = if h.codec == 0 {
+            stored
+        } else {
+            if h.raw > MAX_DECODED {
+                return Err("compressed block claims a decoded length past 1 GiB");
+            }
+            let t = std::time::Instant::now();
+            let mut out = DECODE_POOL.take(h.raw as usize);
+            block::decompress(h.codec, &stored, out.as_mut_slice())?;
+            Counters::add(&c.decompress_nanos, t.elapsed().as_nanos() as u64);
+            Bytes::from_owner(out)
+        };
+        Counters::add(&c.physical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.stored);
+        Counters::add(&c.logical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.raw);
+        Ok(CurBlock {
+            data,
+            off: 0,
+            left: h.records,
+            offset,
+        })
+    }
+
+    /// The next record, `None` at the block's end (its count checked).
+    pub(crate) fn next(&mut self) -> std::result::Result<Option<Bytes>, &'static str> {
+        match block::record_in(&self.data, self.off)? {
+            Some(r) => {
+                if self.left == 0 {
+                    return Err("block holds more records than its header says");
+                }
+                self.left -= 1;
+                self.off = r.end;
+                Ok(Some(self.data.slice(r)))
+            }
+            None if self.left != 0 => Err("block holds fewer records than its header says"),
+            None => Ok(None),
+        }
+    }
 }

@@ -1,10 +1,10 @@
 //! [`SegmentReader`]: reads one published segment file without an engine.
 //!
-//! The bytes are parsed by [`crate::format::segment`] (the header, and each frame's checksum
-//! through `next_frame`); this module only reads the file, with plain `read`s through a
-//! buffer (no mapping, so a file shrunk or damaged under the reader is an error, never a
-//! `SIGBUS`). Each record is read into a buffer of its own: memory is bounded by the largest
-//! record, not by the file.
+//! The bytes are parsed by [`crate::format::segment`] and [`crate::format::block`] (the
+//! header, each block's header and checksum); this module only reads the file, with plain
+//! `read`s through a buffer (no mapping, so a file shrunk or damaged under the reader is an
+//! error, never a `SIGBUS`). Each block is read into a buffer of its own (a compressed one is
+//! decoded into a pooled buffer): memory is bounded by the largest block, not by the file.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read};
@@ -13,13 +13,16 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::error::{Result, SpillError};
-use crate::format::segment::{self, FRAME_LEN, HEADER_LEN, SegmentHeader};
+use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
+use crate::format::segment::{self, HEADER_LEN, SegmentHeader};
+use crate::metrics::Counters;
+use crate::spill::reader::CurBlock;
 
 /// The read-ahead buffer: a few syscalls per MiB of small records.
 const READ_BUFFER: usize = 128 << 10;
 
 /// Reads the records of one segment file that [`crate::SpilledState::publish`] handed to the
-/// caller, in write order, each frame's CRC-32C checked, without an engine.
+/// caller, in write order, each block's CRC-32C checked, without an engine.
 ///
 /// The written-length rule: a segment's header does not record its length; the engine knows
 /// it, and `publish` trims each file to it (header and records, no padding). So this reader
@@ -60,8 +63,12 @@ pub struct SegmentReader {
     file: BufReader<File>,
     path: PathBuf,
     header: SegmentHeader,
-    /// Offset of the next frame.
+    /// Offset of the next block.
     off: u64,
+    /// The block whose records are being handed out.
+    block: Option<CurBlock>,
+    /// This reader's own counters (a reader without an engine counts into nothing shared).
+    counters: Counters,
     /// The file's length when it was opened: where the last frame must end.
     len: u64,
     /// An error was returned: the reader ends there.
@@ -106,6 +113,8 @@ impl SegmentReader {
             path,
             header,
             off: HEADER_LEN as u64,
+            block: None,
+            counters: Counters::default(),
             len,
             failed: false,
         })
@@ -134,46 +143,71 @@ impl SegmentReader {
     }
 
     fn read_frame(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            if let Some(b) = self.block.as_mut() {
+                match b.next() {
+                    Ok(Some(rec)) => return Ok(Some(rec)),
+                    Ok(None) => self.block = None,
+                    Err(detail) => {
+                        let at = b.offset;
+                        return Err(corrupt(&self.path, self.header.segment, at, detail));
+                    }
+                }
+            }
+            if !self.read_block()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads, checks and decodes the next block; `false` at the end of the file.
+    fn read_block(&mut self) -> Result<bool> {
         let off = self.off;
         let left = self.len.saturating_sub(off);
         if left == 0 {
-            // The file may have grown since it was opened: a frame past `len` is not read.
-            return Ok(None);
+            // The file may have grown since it was opened: a block past `len` is not read.
+            return Ok(false);
         }
         let bad = |detail| corrupt(&self.path, self.header.segment, off, detail);
-        let mut head = [0u8; FRAME_LEN];
+        let mut head = [0u8; BLOCK_HEADER_LEN];
         let got = read_full(&mut self.file, &mut head)
             .map_err(|e| SpillError::io("read", &self.path, e))?;
-        if got < FRAME_LEN {
-            return Err(bad(if left < FRAME_LEN as u64 {
-                "truncated record frame"
+        if got < BLOCK_HEADER_LEN {
+            return Err(bad(if left < BLOCK_HEADER_LEN as u64 {
+                "truncated block header"
             } else {
-                "segment truncated inside a record frame"
+                "segment truncated inside a block header"
             }));
         }
-        let payload = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
-        if payload > left - FRAME_LEN as u64 {
+        let h = block::parse_block_header(&head).map_err(bad)?;
+        let body = left - BLOCK_HEADER_LEN as u64;
+        if h.stored > body || u64::from(h.pad) > body - h.stored {
             // Checked before the buffer is allocated: a damaged length never asks for more
             // memory than the file holds.
-            return Err(bad("record runs past the end of the segment"));
+            return Err(bad("block runs past the end of the segment"));
         }
-        let total = FRAME_LEN + payload as usize;
-        let mut buf = vec![0u8; total];
-        buf[..FRAME_LEN].copy_from_slice(&head);
-        let got = read_full(&mut self.file, &mut buf[FRAME_LEN..])
+        let mut stored = vec![0u8; h.stored as usize];
+        let got = read_full(&mut self.file, &mut stored)
             .map_err(|e| SpillError::io("read", &self.path, e))?;
-        if got < payload as usize {
-            return Err(bad("segment truncated inside a record"));
+        if got < stored.len() {
+            return Err(bad("segment truncated inside a block"));
         }
-        // The format's own parser checks the frame (its checksum binds the generation).
-        match segment::next_frame(&buf, 0, total, self.header.generation) {
-            Ok(Some(f)) => {
-                self.off += total as u64;
-                Ok(Some(Bytes::from(buf).slice(f.start..f.end)))
-            }
-            Ok(None) => Err(bad("empty record frame")),
-            Err(d) => Err(bad(d.detail)),
+        let bind = Binding {
+            segment: self.header.segment,
+            generation: self.header.generation,
+        };
+        block::check_parts(&head, &stored, bind, off).map_err(|d| bad(d.detail))?;
+        let mut pad = [0u8; 4096];
+        let pad = &mut pad[..h.pad as usize];
+        let got =
+            read_full(&mut self.file, pad).map_err(|e| SpillError::io("read", &self.path, e))?;
+        if got < pad.len() {
+            return Err(bad("segment truncated inside a block's padding"));
         }
+        let cb = CurBlock::decode(h, Bytes::from(stored), off, &self.counters).map_err(bad)?;
+        self.off = off + BLOCK_HEADER_LEN as u64 + h.stored + u64::from(h.pad);
+        self.block = Some(cb);
+        Ok(true)
     }
 }
 

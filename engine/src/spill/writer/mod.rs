@@ -114,6 +114,8 @@ pub struct SpillWriter {
     bytes_written: u64,
     large: usize,
     queue_depth: usize,
+    /// Format v2: the block codec and `Auto`'s state (`place.rs`).
+    codec: place::CodecState,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -155,6 +157,7 @@ impl SpillWriter {
             direct: cfg.mode == WriteMode::Direct,
             large: cfg.large_record_threshold,
             queue_depth: cfg.queue_depth,
+            codec: place::CodecState::new(cfg.compression),
             task,
             shared,
             hook_id,

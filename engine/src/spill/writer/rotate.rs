@@ -39,8 +39,10 @@ pub(super) struct OpenSegment {
     pub(super) logical: u64,
     /// File offset of the staging buffer's first byte.
     pub(super) staged_at: u64,
-    /// This use of the file (in its header and every frame's checksum).
+    /// This use of the file (in its header and every block's checksum).
     pub(super) generation: u32,
+    /// The segment's number (bound into every block's checksum).
+    pub(super) segment: u32,
 }
 
 /// A failed attempt to create a segment on one root.
@@ -171,6 +173,7 @@ impl SpillWriter {
             logical: HEADER_LEN as u64,
             staged_at: 0,
             generation: o.generation,
+            segment: o.seg,
         });
         Ok(())
     }

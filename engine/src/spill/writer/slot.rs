@@ -5,6 +5,7 @@ use std::task::Poll;
 
 use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
+use crate::format::block::{self, BLOCK_HEADER_LEN};
 use crate::format::segment::{self, FRAME_LEN};
 use crate::io::Short;
 
@@ -41,7 +42,8 @@ impl RecordSlot<'_> {
         matches!(self.kind, SlotKind::InPlace { .. })
     }
 
-    /// Frames the record (length and CRC-32C of what the slot holds now) and queues it.
+    /// Frames the record (its length; the block's checksum covers it when the block is
+    /// sealed) and queues it.
     pub fn commit(self) -> Result<()> {
         let RecordSlot { w, kind } = self;
         match kind {
@@ -54,11 +56,11 @@ impl RecordSlot<'_> {
                     return Err(w.fail(SpillError::WriterFailed));
                 };
                 let space = buf.space();
-                let generation = w.seg.as_ref().map_or(0, |s| s.generation);
-                let frame =
-                    segment::frame_header(&space[at + FRAME_LEN..at + FRAME_LEN + len], generation);
-                space[at..at + FRAME_LEN].copy_from_slice(&frame);
+                space[at..at + FRAME_LEN].copy_from_slice(&block::record_frame(len));
                 buf.len = at + FRAME_LEN + len;
+                if let Some(b) = buf.block.as_mut() {
+                    b.records += 1;
+                }
                 if let Some(s) = w.seg.as_mut() {
                     s.logical += segment::framed_len(len);
                 }
@@ -118,7 +120,12 @@ impl SpillWriter {
     /// an owned buffer (direct mode keeps its writes aligned, so only a full buffer is written
     /// mid-segment).
     fn poll_room(&mut self, need: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<bool>> {
-        ready_ok!(self.plan(need as u64, wait));
+        ready_ok!(self.plan((need + BLOCK_HEADER_LEN) as u64, wait));
+        let need = need
+            + match self.staging.as_ref() {
+                Some(b) if b.block.is_some() => 0,
+                _ => BLOCK_HEADER_LEN,
+            };
         if self.staging.as_ref().is_some_and(|b| b.remaining() < need) {
             if self.direct {
                 return Poll::Ready(Ok(false));
@@ -133,8 +140,15 @@ impl SpillWriter {
         if self.staging.is_none() {
             // Under the buffer budget without waiting: a buffer too small, or none free, and
             // the record is an owned slot, whose commit waits (or fails) like a write.
-            match self.core.io.pool().try_get(FRAME_LEN + len) {
-                Ok(b) if b.remaining() >= FRAME_LEN + len => self.staging = Some(b),
+            match self
+                .core
+                .io
+                .pool()
+                .try_get(BLOCK_HEADER_LEN + FRAME_LEN + len)
+            {
+                Ok(b) if b.remaining() >= BLOCK_HEADER_LEN + FRAME_LEN + len => {
+                    self.staging = Some(b)
+                }
                 Ok(_) | Err(Short::Wait { .. } | Short::Exhausted { .. }) => {
                     return Ok(self.owned_slot(len));
                 }
@@ -143,6 +157,7 @@ impl SpillWriter {
                 }
             }
         }
+        self.ensure_block();
         let at = self.staging.as_ref().map_or(0, |b| b.len);
         Ok(RecordSlot {
             w: self,
@@ -158,7 +173,7 @@ impl SpillWriter {
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
-        if need > self.core.io.pool().buffer_capacity() {
+        if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > self.core.io.pool().buffer_capacity() {
             return Ok(self.owned_slot(len));
         }
         let r = poll_fn(|cx| self.poll_room(need, &mut Wait::Async(cx))).await;
@@ -178,7 +193,7 @@ impl SpillWriter {
         check_len(len)?;
         let need = FRAME_LEN + len;
         let cap = self.core.io.pool().buffer_capacity();
-        if need > cap {
+        if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > cap {
             return Ok(self.owned_slot(len));
         }
         let r = blocking(self.poll_room(need, &mut Wait::Block));

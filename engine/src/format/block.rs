@@ -1,0 +1,549 @@
+//! Blocks of format version 2, as pure functions: the block header, its checksum, the codecs,
+//! and the record frames inside a block. See [`crate::format::segment`] for the file layout.
+//!
+//! ```text
+//! block header (64 bytes)
+//!   0  magic      b"SRB2"
+//!   4  codec      u8   0 raw, 1 lz4 (block format), 2 zstd
+//!   5  flags      u8   0 (bit 0 reserved for "encrypted")
+//!   6  reserved   2 zero bytes
+//!   8  stored     u64 LE  bytes of the block after this header, as written
+//!  16  raw        u64 LE  bytes of the records (frames included) once decoded
+//!  24  records    u32 LE  records in the block
+//!  28  pad        u32 LE  zero bytes after the stored bytes (direct mode: to 4 KiB)
+//!  32  reserved   16 zero bytes
+//!  48  check      16 bytes: CRC-32C (u32 LE, then 12 zero bytes) of the binding
+//!                 (segment u32 LE, generation u32 LE, the block's file offset u64 LE),
+//!                 header bytes 0..48 and the stored bytes
+//! records, once decoded: frames back to back
+//!   0  len        u32 LE  payload length
+//!   4  reserved   u32     zero
+//!   8  payload
+//! ```
+//!
+//! The binding makes a block of another segment, of an earlier use of a recycled file, or of
+//! another place in the same file fail its checksum. The checksum covers the stored bytes, so a
+//! compressed block is checked before it is decompressed.
+
+use std::ops::Range;
+
+use super::segment::{Damage, FRAME_LEN};
+
+/// Bytes of a block header.
+pub const BLOCK_HEADER_LEN: usize = 64;
+/// Bytes before the payload of a record written as a block of its own (a large record).
+pub const LARGE_PREFIX_LEN: usize = BLOCK_HEADER_LEN + FRAME_LEN;
+
+const BLOCK_MAGIC: &[u8; 4] = b"SRB2";
+/// Blocks are padded to at most this alignment (direct mode's).
+const PAD_ALIGN: usize = 4096;
+
+/// How a block's records are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// As they are: records are views of the file.
+    Raw,
+    /// LZ4 block format (`lz4_flex`).
+    Lz4,
+    /// Zstandard at a level.
+    Zstd(i32),
+}
+
+impl Codec {
+    fn id(self) -> u8 {
+        match self {
+            Codec::Raw => 0,
+            Codec::Lz4 => 1,
+            Codec::Zstd(_) => 2,
+        }
+    }
+}
+
+/// What a valid block header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// 0 raw, 1 lz4, 2 zstd.
+    pub codec: u8,
+    /// Bytes after the header as written.
+    pub stored: u64,
+    /// Bytes of the records once decoded.
+    pub raw: u64,
+    /// Records in the block.
+    pub records: u32,
+    /// Zero bytes after the stored bytes.
+    pub pad: u32,
+}
+
+/// Which segment and use a block belongs to, and where it lies: bound into its checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// Segment number.
+    pub segment: u32,
+    /// Use of the file.
+    pub generation: u32,
+}
+
+fn binding_bytes(b: Binding, offset: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[0..4].copy_from_slice(&b.segment.to_le_bytes());
+    v[4..8].copy_from_slice(&b.generation.to_le_bytes());
+    v[8..16].copy_from_slice(&offset.to_le_bytes());
+    v
+}
+
+/// The header's first 48 bytes (everything but the check).
+fn header_fields(codec: u8, stored: u64, raw: u64, records: u32, pad: u32) -> [u8; 48] {
+    let mut h = [0u8; 48];
+    h[0..4].copy_from_slice(BLOCK_MAGIC);
+    h[4] = codec;
+    h[8..16].copy_from_slice(&stored.to_le_bytes());
+    h[16..24].copy_from_slice(&raw.to_le_bytes());
+    h[24..28].copy_from_slice(&records.to_le_bytes());
+    h[28..32].copy_from_slice(&pad.to_le_bytes());
+    h
+}
+
+/// A block header being built; the stored bytes are fed in pieces (a large record's frame and
+/// payload), then [`BlockSeal::finish`] gives the header.
+#[derive(Debug)]
+pub(crate) struct BlockSeal {
+    fields: [u8; 48],
+    crc: u32,
+}
+
+impl BlockSeal {
+    pub(crate) fn new(
+        bind: Binding,
+        offset: u64,
+        codec: Codec,
+        stored: u64,
+        raw: u64,
+        records: u32,
+        pad: u32,
+    ) -> Self {
+        let fields = header_fields(codec.id(), stored, raw, records, pad);
+        let crc = crc32c::crc32c(&binding_bytes(bind, offset));
+        let crc = crc32c::crc32c_append(crc, &fields);
+        BlockSeal { fields, crc }
+    }
+
+    #[inline]
+    pub(crate) fn update(&mut self, stored: &[u8]) {
+        self.crc = crc32c::crc32c_append(self.crc, stored);
+    }
+
+    pub(crate) fn finish(self) -> [u8; BLOCK_HEADER_LEN] {
+        let mut h = [0u8; BLOCK_HEADER_LEN];
+        h[..48].copy_from_slice(&self.fields);
+        h[48..52].copy_from_slice(&self.crc.to_le_bytes());
+        h
+    }
+}
+
+/// The header of a block whose stored bytes are `stored` (all in hand).
+pub fn encode_block_header(
+    bind: Binding,
+    offset: u64,
+    codec: Codec,
+    raw: u64,
+    records: u32,
+    pad: u32,
+    stored: &[u8],
+) -> [u8; BLOCK_HEADER_LEN] {
+    let mut s = BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad);
+    s.update(stored);
+    s.finish()
+}
+
+/// The frame of a record of `len` payload bytes inside a block.
+#[inline]
+pub fn record_frame(len: usize) -> [u8; FRAME_LEN] {
+    let mut f = [0u8; FRAME_LEN];
+    f[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+    f
+}
+
+/// A block found in a segment: its header, where its stored bytes lie, where the next block
+/// starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// The block's file offset.
+    pub offset: usize,
+    /// What its header says.
+    pub header: BlockHeader,
+    /// Its stored bytes in the segment buffer.
+    pub stored: Range<usize>,
+    /// Where the next block starts.
+    pub next: usize,
+}
+
+/// Parses the block header at `off`; checks nothing but the header's own fields and bounds.
+/// The checksum is [`check_block`]'s. `buf` holds the segment from offset 0 (it may be shorter
+/// than `end`, a truncated file). `Ok(None)` exactly at `end`.
+pub fn block_at(buf: &[u8], off: usize, end: usize) -> Result<Option<Block>, Damage> {
+    if off == end {
+        return Ok(None);
+    }
+    let damage = |detail| Damage {
+        offset: off as u64,
+        detail,
+    };
+    let avail = end.min(buf.len());
+    if off > end || end - off < BLOCK_HEADER_LEN {
+        return Err(damage("truncated block header"));
+    }
+    if off >= avail || avail - off < BLOCK_HEADER_LEN {
+        return Err(damage("segment truncated inside a block header"));
+    }
+    let h = &buf[off..off + BLOCK_HEADER_LEN];
+    let header = parse_block_header(h).map_err(damage)?;
+    let start = off + BLOCK_HEADER_LEN;
+    let stored = usize::try_from(header.stored)
+        .ok()
+        .filter(|s| *s <= end - start)
+        .ok_or(damage("block runs past the end of the segment"))?;
+    if stored > avail - start {
+        return Err(damage("segment truncated inside a block"));
+    }
+    let next = start + stored + header.pad as usize;
+    if next > end {
+        return Err(damage("block padding runs past the end of the segment"));
+    }
+    Ok(Some(Block {
+        offset: off,
+        header,
+        stored: start..start + stored,
+        next,
+    }))
+}
+
+/// Parses a block header's fields (not its checksum).
+pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
+    if h.len() < BLOCK_HEADER_LEN {
+        return Err("truncated block header");
+    }
+    if &h[0..4] != BLOCK_MAGIC {
+        return Err("bad block magic");
+    }
+    let codec = h[4];
+    if codec > 2 {
+        return Err("unknown block codec");
+    }
+    if h[5] != 0 {
+        return Err("unsupported block flags");
+    }
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let header = BlockHeader {
+        codec,
+        stored: u64_at(8),
+        raw: u64_at(16),
+        records: u32_at(24),
+        pad: u32_at(28),
+    };
+    if header.pad as usize >= PAD_ALIGN {
+        return Err("block padding too large");
+    }
+    if codec == 0 && header.raw != header.stored {
+        return Err("raw block whose lengths disagree");
+    }
+    Ok(header)
+}
+
+/// Checks a block's checksum over its binding, header and stored bytes.
+pub fn check_block(buf: &[u8], b: &Block, bind: Binding) -> Result<(), Damage> {
+    check_parts(
+        &buf[b.offset..b.offset + BLOCK_HEADER_LEN],
+        &buf[b.stored.clone()],
+        bind,
+        b.offset as u64,
+    )
+}
+
+/// [`check_block`] for a header and stored bytes held apart (a reader without a map).
+pub fn check_parts(h: &[u8], stored: &[u8], bind: Binding, offset: u64) -> Result<(), Damage> {
+    let crc = crc32c::crc32c(&binding_bytes(bind, offset));
+    let crc = crc32c::crc32c_append(crc, &h[..48]);
+    let crc = crc32c::crc32c_append(crc, stored);
+    let want = u32::from_le_bytes([h[48], h[49], h[50], h[51]]);
+    if crc != want || h[52..64].iter().any(|&x| x != 0) {
+        return Err(Damage {
+            offset,
+            detail: "block checksum mismatch",
+        });
+    }
+    Ok(())
+}
+
+/// Compresses `src` into `dst` with `codec`; `None` when it does not fit (does not shrink
+/// enough) or the codec fails. `Raw` is never compressed.
+pub fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    match codec {
+        Codec::Raw => None,
+        Codec::Lz4 => lz4_into(src, dst),
+        Codec::Zstd(level) => zstd::bulk::compress_to_buffer(src, dst, level).ok(),
+    }
+    .filter(|n| *n < src.len())
+}
+
+/// lz4_flex wants room for its worst case (110% + 20 bytes); a smaller `dst` (a staging
+/// buffer the size of the block) gets the output through a per-thread scratch buffer, kept
+/// for the next block (no allocation per block once it has grown).
+fn lz4_into(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    let max = lz4_flex::block::get_maximum_output_size(src.len());
+    if dst.len() >= max {
+        return lz4_flex::block::compress_into(src, dst).ok();
+    }
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < max {
+            s.resize(max, 0);
+        }
+        let n = lz4_flex::block::compress_into(src, &mut s[..max]).ok()?;
+        let out = dst.get_mut(..n)?;
+        out.copy_from_slice(&s[..n]);
+        Some(n)
+    })
+}
+
+/// Decompresses a block's stored bytes into `dst` (exactly the header's raw length).
+pub fn decompress(codec: u8, src: &[u8], dst: &mut [u8]) -> Result<(), &'static str> {
+    let n = match codec {
+        1 => lz4_flex::block::decompress_into(src, dst).map_err(|_| "lz4 block does not decode")?,
+        2 => {
+            zstd::bulk::decompress_to_buffer(src, dst).map_err(|_| "zstd block does not decode")?
+        }
+        _ => return Err("unknown block codec"),
+    };
+    if n != dst.len() {
+        return Err("block decodes to another length than its header says");
+    }
+    Ok(())
+}
+
+/// The record at `off` of a block's decoded bytes `raw`: `Ok(None)` at its end.
+pub fn record_in(raw: &[u8], off: usize) -> Result<Option<Range<usize>>, &'static str> {
+    if off == raw.len() {
+        return Ok(None);
+    }
+    if raw.len() - off < FRAME_LEN {
+        return Err("truncated record frame in a block");
+    }
+    let len = u32::from_le_bytes([raw[off], raw[off + 1], raw[off + 2], raw[off + 3]]) as usize;
+    if raw[off + 4..off + 8] != [0, 0, 0, 0] {
+        return Err("record frame with nonzero reserved bytes");
+    }
+    let start = off + FRAME_LEN;
+    if len > raw.len() - start {
+        return Err("record runs past the end of its block");
+    }
+    Ok(Some(start..start + len))
+}
+
+/// Every record of a block's decoded bytes, checked against the header's count.
+#[cfg(test)]
+pub fn records_of(raw: &[u8], count: u32) -> Result<Vec<Range<usize>>, &'static str> {
+    let mut v = Vec::new();
+    let mut off = 0;
+    while let Some(r) = record_in(raw, off)? {
+        off = r.end;
+        v.push(r);
+    }
+    if v.len() != count as usize {
+        return Err("block holds another number of records than its header says");
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const B: Binding = Binding {
+        segment: 3,
+        generation: 7,
+    };
+
+    /// A segment buffer with one block of `records` at `off`, stored with `codec`.
+    fn block_bytes(records: &[&[u8]], codec: Codec, off: usize, bind: Binding) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for r in records {
+            raw.extend_from_slice(&record_frame(r.len()));
+            raw.extend_from_slice(r);
+        }
+        let mut dst = vec![0u8; raw.len() + 64];
+        let (codec, stored) = match compress(codec, &raw, &mut dst) {
+            Some(n) => (codec, dst[..n].to_vec()),
+            None => (Codec::Raw, raw.clone()),
+        };
+        let h = encode_block_header(
+            bind,
+            off as u64,
+            codec,
+            raw.len() as u64,
+            records.len() as u32,
+            0,
+            &stored,
+        );
+        let mut v = vec![0u8; off];
+        v.extend_from_slice(&h);
+        v.extend_from_slice(&stored);
+        v
+    }
+
+    fn decode(buf: &[u8], off: usize, bind: Binding) -> Result<Vec<Vec<u8>>, Damage> {
+        let b = block_at(buf, off, buf.len())?.expect("a block");
+        check_block(buf, &b, bind)?;
+        let stored = &buf[b.stored.clone()];
+        let raw = if b.header.codec == 0 {
+            stored.to_vec()
+        } else {
+            let mut out = vec![0u8; b.header.raw as usize];
+            decompress(b.header.codec, stored, &mut out).map_err(|detail| Damage {
+                offset: off as u64,
+                detail,
+            })?;
+            out
+        };
+        let rs = records_of(&raw, b.header.records).map_err(|detail| Damage {
+            offset: off as u64,
+            detail,
+        })?;
+        Ok(rs.into_iter().map(|r| raw[r].to_vec()).collect())
+    }
+
+    #[test]
+    fn every_codec_round_trips_and_compressible_data_shrinks() {
+        let text = b"lineitem|12345|0.04|N|O|1996-03-13|DELIVER IN PERSON|TRUCK|".repeat(200);
+        for codec in [Codec::Raw, Codec::Lz4, Codec::Zstd(1), Codec::Zstd(9)] {
+            let recs: Vec<&[u8]> = vec![&text[..], b"", b"x"];
+            let buf = block_bytes(&recs, codec, 64, B);
+            let h = parse_block_header(&buf[64..]).unwrap();
+            if codec != Codec::Raw {
+                assert!(h.stored * 4 < h.raw, "{codec:?}: {h:?}");
+            }
+            assert_eq!(
+                decode(&buf, 64, B).unwrap(),
+                vec![text.clone(), vec![], b"x".to_vec()]
+            );
+        }
+    }
+
+    #[test]
+    fn incompressible_data_is_not_compressed() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let data: Vec<u8> = (0..8192)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut dst = vec![0u8; data.len()];
+        assert_eq!(compress(Codec::Lz4, &data, &mut dst), None);
+        assert_eq!(compress(Codec::Zstd(3), &data, &mut dst), None);
+    }
+
+    #[test]
+    fn a_block_of_another_segment_generation_or_offset_is_damage() {
+        let recs: Vec<&[u8]> = vec![b"hello", b"world"];
+        for codec in [Codec::Raw, Codec::Lz4] {
+            let buf = block_bytes(&recs, codec, 64, B);
+            assert!(decode(&buf, 64, B).is_ok());
+            for other in [
+                Binding {
+                    segment: 4,
+                    generation: 7,
+                },
+                Binding {
+                    segment: 3,
+                    generation: 8,
+                },
+            ] {
+                assert_eq!(
+                    decode(&buf, 64, other).unwrap_err(),
+                    Damage {
+                        offset: 64,
+                        detail: "block checksum mismatch"
+                    }
+                );
+            }
+            // The same block moved 64 bytes further on.
+            let mut moved = vec![0u8; 64];
+            moved.extend_from_slice(&buf);
+            assert_eq!(
+                decode(&moved, 128, B).unwrap_err().detail,
+                "block checksum mismatch"
+            );
+        }
+    }
+
+    #[test]
+    fn damage_is_found_and_located() {
+        let recs: Vec<&[u8]> = vec![b"hello", b"world"];
+        let buf = block_bytes(&recs, Codec::Raw, 64, B);
+        // Every single flipped byte of header or stored bytes is caught.
+        for i in 64..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x10;
+            let e = decode(&bad, 64, B).unwrap_err();
+            assert_eq!(e.offset, 64, "byte {i}: {e:?}");
+        }
+        // Truncated: inside the header, inside the stored bytes.
+        assert_eq!(
+            block_at(&buf[..100], 64, buf.len()).unwrap_err().detail,
+            "segment truncated inside a block header"
+        );
+        assert_eq!(
+            block_at(&buf[..buf.len() - 1], 64, buf.len())
+                .unwrap_err()
+                .detail,
+            "segment truncated inside a block"
+        );
+        assert_eq!(
+            block_at(&buf, 64, buf.len() - 1).unwrap_err().detail,
+            "block runs past the end of the segment"
+        );
+        // Zeros (direct-mode padding read as data) are never a block.
+        let zeros = [0u8; 128];
+        assert!(block_at(&zeros, 0, 128).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn prop_round_trip(
+            recs in proptest::collection::vec(proptest::collection::vec(0u8..4, 0..300), 0..20),
+            codec in 0..3u8,
+            level in 1..6i32,
+        ) {
+            let codec = match codec { 0 => Codec::Raw, 1 => Codec::Lz4, _ => Codec::Zstd(level) };
+            let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
+            let buf = block_bytes(&refs, codec, 64, B);
+            prop_assert_eq!(decode(&buf, 64, B).unwrap(), recs);
+        }
+
+        #[test]
+        fn prop_damage_never_panics_nor_returns_other_bytes(
+            recs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..100), 1..8),
+            codec in 0..3u8,
+            at in any::<prop::sample::Index>(),
+            flip in 1..=255u8,
+        ) {
+            let codec = match codec { 0 => Codec::Raw, 1 => Codec::Lz4, _ => Codec::Zstd(1) };
+            let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
+            let mut buf = block_bytes(&refs, codec, 64, B);
+            let i = 64 + at.index(buf.len() - 64);
+            buf[i] ^= flip;
+            prop_assert!(decode(&buf, 64, B).is_err());
+        }
+    }
+}
