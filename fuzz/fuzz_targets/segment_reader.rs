@@ -1,12 +1,14 @@
-//! The segment format, through the reader's own parsers (`spillring::testing::parse_segment`,
-//! which calls `segment::parse_header` and `segment::next_frame`).
+//! The segment format (version 2: blocks), through the reader's own parsers
+//! (`spillring::testing::parse_segment`, which calls `segment::parse_header`, the block
+//! parser and checksum of `format/block.rs`, and the readers' block decoder).
 //!
-//! (a) The raw input as a segment file (and as a segment file name): never panics, and a parse
-//!     that returns records returns ranges inside the buffer, back to back.
-//! (b) The input also decodes (with `arbitrary`) into records, a segment header and one
-//!     mutation. The records are encoded as a valid segment (`testing::encode_segment`), the
-//!     mutation is applied, and the parse must return exactly the records before the first
-//!     damaged byte, byte for byte, then stop with damage located at the start of the frame
+//! (a) The raw input as a segment file (and as a segment file name): never panics, and a
+//!     clean parse ends at the written length.
+//! (b) The input also decodes (with `arbitrary`) into records, how they are cut into blocks
+//!     and each block's codec (raw, lz4, zstd), a segment header and one mutation. The records
+//!     are encoded as a valid segment (`testing::encode_segment_blocks`), the mutation is
+//!     applied, and the parse must return exactly the records of the blocks before the first
+//!     damaged byte, byte for byte, then stop with damage located at the start of the block
 //!     that holds that byte (offset 0 for the header). Without damage it must return exactly
 //!     the records written. A wrong byte is never returned.
 #![no_main]
@@ -14,7 +16,7 @@
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use spillring::segment::{FRAME_LEN, HEADER_LEN, parse_header, parse_segment_file_name};
-use spillring::testing::{encode_segment, parse_segment};
+use spillring::testing::{encode_segment, encode_segment_blocks, parse_segment};
 
 /// One record to write.
 #[derive(Arbitrary, Debug)]
@@ -90,7 +92,11 @@ enum Mutation {
 struct Case {
     segment: u32,
     engine: u64,
+    generation: u32,
     records: Vec<Rec>,
+    /// Records per block (1..=8), and each block's codec (its byte mod 3).
+    per_block: u8,
+    codecs: Vec<u8>,
     mutation: Mutation,
 }
 
@@ -128,20 +134,14 @@ fn raw(data: &[u8]) {
         data.len().saturating_sub(tail),
     ] {
         let p = parse_segment(data, end, segment, engine);
-        let limit = end.min(data.len());
-        let mut prev = HEADER_LEN;
-        for r in &p.records {
-            assert_eq!(r.start, prev + FRAME_LEN, "records not back to back: {p:?}");
-            assert!(
-                r.start <= r.end && r.end <= limit,
-                "range outside the buffer: {p:?}"
-            );
-            prev = r.end;
+        if let Some((off, _)) = p.damage {
+            assert!(off as usize <= end, "damage past the end: {p:?}");
         }
-        match p.damage {
-            None => assert_eq!(prev, end, "a clean parse must end at the written length"),
-            Some((off, _)) => assert!(off as usize <= end, "damage past the end: {p:?}"),
-        }
+        let bytes: usize = p.records.iter().map(|r| r.len() + FRAME_LEN).sum();
+        assert!(
+            p.records.is_empty() || bytes <= (1 << 30),
+            "more decoded than the bound"
+        );
     }
 }
 
@@ -151,30 +151,40 @@ fn oracle(case: &Case) {
     let mut total = HEADER_LEN;
     for r in &case.records {
         let b = r.bytes();
-        total += FRAME_LEN + b.len();
+        total += 64 + FRAME_LEN + b.len();
         if total > MAX_SEGMENT {
             break;
         }
         records.push(b);
     }
     let refs: Vec<&[u8]> = records.iter().map(|r| &r[..]).collect();
-    let orig = encode_segment(case.segment, case.engine, &refs);
+    let per = (case.per_block % 8 + 1) as usize;
+    let groups: Vec<&[&[u8]]> = refs.chunks(per).collect();
+    let blocks: Vec<(&[&[u8]], u8)> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (*g, case.codecs.get(i).map_or(0, |c| c % 3)))
+        .collect();
+    let orig = encode_segment_blocks(case.segment, case.engine, case.generation, &blocks);
     let end = orig.len();
-    assert_eq!(end, total.min(end), "encode_segment length");
 
-    // Where each frame starts and ends.
-    let mut frames = Vec::with_capacity(records.len());
+    // Where each block starts and ends (from the headers' stored lengths), and how many
+    // records precede it.
+    let mut spans = Vec::with_capacity(blocks.len());
     let mut off = HEADER_LEN;
-    for r in &records {
-        frames.push((off, off + FRAME_LEN + r.len()));
-        off += FRAME_LEN + r.len();
+    let mut before = 0;
+    for (g, _) in &blocks {
+        let stored = u64::from_le_bytes(orig[off + 8..off + 16].try_into().unwrap()) as usize;
+        spans.push((off, off + 64 + stored, before));
+        before += g.len();
+        off += 64 + stored;
     }
     assert_eq!(off, end);
 
     // The unmutated segment parses to exactly the records.
     let clean = parse_segment(&orig, end, case.segment, case.engine);
     assert_eq!(clean.damage, None, "a valid segment reported damage");
-    check_prefix(&orig, &clean.records, &records, &frames, records.len());
+    check_prefix(&clean.records, &records, records.len());
 
     let mut buf = orig.clone();
     let wrap = |at: u32| at as usize % end;
@@ -196,7 +206,7 @@ fn oracle(case: &Case) {
         Mutation::Pad { extra } => buf.extend_from_slice(extra),
         Mutation::OtherHeader { segment, engine } => {
             let h = encode_segment(*segment, *engine, &[]);
-            buf[..HEADER_LEN].copy_from_slice(&h);
+            buf[..HEADER_LEN].copy_from_slice(&h[..HEADER_LEN]);
         }
     }
 
@@ -207,31 +217,35 @@ fn oracle(case: &Case) {
     match first_bad {
         None => {
             assert_eq!(p.damage, None, "no byte changed, yet damage: {p:?}");
-            check_prefix(&buf, &p.records, &records, &frames, records.len());
+            check_prefix(&p.records, &records, records.len());
         }
         Some(i) if i < HEADER_LEN => {
-            assert!(p.records.is_empty(), "records from a damaged header: {p:?}");
+            // A header of generation 0 swapped in for another generation's parses: the
+            // blocks' checksums bind the generation, so the first block is damage.
             let (off, detail) = p.damage.expect("a damaged header was accepted");
             assert!(
-                off == 0 || (off as usize == buf.len() && buf.len() < HEADER_LEN),
+                p.records.is_empty(),
+                "records from a damaged header: {p:?} ({detail})"
+            );
+            assert!(
+                off == 0
+                    || (off as usize == buf.len() && buf.len() < HEADER_LEN)
+                    || off as usize == HEADER_LEN,
                 "header damage at {off} ({detail})"
             );
         }
         Some(i) => {
-            let k = frames
+            let &(start, _, before) = spans
                 .iter()
-                .position(|&(s, e)| s <= i && i < e)
-                .expect("a changed byte inside the records lies in a frame");
-            check_prefix(&buf, &p.records, &records, &frames, k);
+                .find(|&&(s, e, _)| s <= i && i < e)
+                .expect("a changed byte inside the blocks lies in a block");
+            check_prefix(&p.records, &records, before);
             let (off, detail) = p.damage.unwrap_or_else(|| {
-                panic!(
-                    "byte {i} (frame {k} at {}) changed, parse reported no damage",
-                    frames[k].0
-                )
+                panic!("byte {i} (block at {start}) changed, parse reported no damage")
             });
             assert_eq!(
-                off as usize, frames[k].0,
-                "damage in frame {k} (byte {i}) reported at {off} ({detail})"
+                off as usize, start,
+                "damage in the block at {start} (byte {i}) reported at {off} ({detail})"
             );
         }
     }
@@ -252,24 +266,10 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     None
 }
 
-/// The parse returned exactly the first `n` records, at their places, byte for byte.
-fn check_prefix(
-    buf: &[u8],
-    got: &[std::ops::Range<usize>],
-    records: &[Vec<u8>],
-    frames: &[(usize, usize)],
-    n: usize,
-) {
+/// The parse returned exactly the first `n` records, byte for byte.
+fn check_prefix(got: &[Vec<u8>], records: &[Vec<u8>], n: usize) {
     assert_eq!(got.len(), n, "expected {n} records, got {}", got.len());
     for (j, r) in got.iter().enumerate() {
-        assert_eq!(
-            r.start,
-            frames[j].0 + FRAME_LEN,
-            "record {j} at the wrong place"
-        );
-        assert!(
-            buf[r.clone()] == records[j][..],
-            "record {j}: wrong bytes returned"
-        );
+        assert!(r[..] == records[j][..], "record {j}: wrong bytes returned");
     }
 }

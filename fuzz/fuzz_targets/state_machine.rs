@@ -964,7 +964,7 @@ impl Run<'_> {
                     if v.len() == parsed.records.len()
                         && v.iter()
                             .zip(&parsed.records)
-                            .all(|(a, r)| a[..] == buf[r.clone()]) => {}
+                            .all(|(a, r)| a[..] == r[..]) => {}
                 Ok(v) => self.fail(format!(
                     "published {}: SegmentReader read {} records, the parse {}",
                     p.display(),

@@ -1,5 +1,6 @@
 //! Stage 3: the reader. Opens each segment lazily, one at a time, and hands out records as
-//! `Bytes` that point into it, each record's CRC-32C checked first. A segment of up to
+//! `Bytes` that point into it (or, for a compressed block, into a pooled buffer it is decoded
+//! into once), each block's CRC-32C checked first. A segment of up to
 //! `read_buffer_max` written bytes (a configuration field) is read with one `pread` into a
 //! buffer of its own
 //! (cheaper than map + unmap at that size, and such records hold no mapping); a larger one is
@@ -103,7 +104,7 @@ struct Mapped {
 /// # let state = w.finish()?;
 /// let mut r = state.reader()?;
 /// while let Some(rec) = r.next_record()? {
-///     assert_eq!(rec.len(), 10); // CRC checked; zero-copy for a mapped segment
+///     assert_eq!(rec.len(), 10); // block CRC checked; zero-copy for a mapped segment
 /// }
 /// // Or as an iterator, which ends after the first error.
 /// let recs: Vec<Bytes> = state.reader()?.collect::<spillring::Result<_>>()?;

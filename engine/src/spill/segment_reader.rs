@@ -181,10 +181,13 @@ impl SegmentReader {
         }
         let h = block::parse_block_header(&head).map_err(bad)?;
         let body = left - BLOCK_HEADER_LEN as u64;
-        if h.stored > body || u64::from(h.pad) > body - h.stored {
+        if h.stored > body {
             // Checked before the buffer is allocated: a damaged length never asks for more
             // memory than the file holds.
             return Err(bad("block runs past the end of the segment"));
+        }
+        if u64::from(h.pad) > body - h.stored {
+            return Err(bad("block padding runs past the end of the segment"));
         }
         let mut stored = vec![0u8; h.stored as usize];
         let got = read_full(&mut self.file, &mut stored)

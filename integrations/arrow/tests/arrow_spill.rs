@@ -434,7 +434,8 @@ fn schema_mismatch_on_write_loses_nothing(backend: BackendKind, path: ReadPath) 
 }
 
 /// Flips one byte inside a batch's body in a segment file while the spill is held: the
-/// engine's frame CRC catches it and the reader returns `Corrupt`, never a wrong batch.
+/// engine's block CRC catches it and the reader returns `Corrupt` (at the offset of the block
+/// holding the batch), never a wrong batch.
 fn corrupt_segment_surfaces_as_an_error(backend: BackendKind, path: ReadPath) {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = Engine::open(cfg(dir.path(), backend, path)).expect("open");
@@ -444,12 +445,13 @@ fn corrupt_segment_surfaces_as_an_error(backend: BackendKind, path: ReadPath) {
     let spill = write_all(&task, &s, &batches);
     let files = segment_files(dir.path());
     assert_eq!(files.len(), 1, "one small segment: {files:?}");
-    // The records' offsets, from the frames (length u32 LE, CRC u32 LE, payload).
+    // Format v2: the segment header, then one raw block (a 64-byte block header, then the
+    // records' frames: length u32 LE, 4 zero bytes, payload).
     let mut data = std::fs::read(&files[0]).expect("read segment");
-    let header = spillring::segment::HEADER_LEN;
+    let block = spillring::segment::HEADER_LEN;
     let frame = spillring::segment::FRAME_LEN;
     let mut offsets = Vec::new();
-    let mut off = header;
+    let mut off = block + 64;
     while offsets.len() < 4 {
         offsets.push(off);
         let len = u32::from_le_bytes(data[off..off + 4].try_into().expect("4 bytes")) as usize;
@@ -460,15 +462,17 @@ fn corrupt_segment_surfaces_as_an_error(backend: BackendKind, path: ReadPath) {
     data[at] ^= 0x40;
     std::fs::write(&files[0], &data).expect("write segment");
 
+    // The block's checksum covers every batch in it: the first read is the error.
     let mut r = spill.reader().expect("reader");
-    assert_eq!(r.next().expect("batch 0").expect("intact"), batches[0]);
-    assert_eq!(r.next().expect("batch 1").expect("intact"), batches[1]);
-    let e = r.next().expect("an error").expect_err("batch 2 is damaged");
+    let e = r
+        .next()
+        .expect("an error")
+        .expect_err("the block is damaged");
     assert!(e.is_corrupt(), "Corrupt, got {e:?}");
     let ArrowSpillError::Engine(SpillError::Corrupt { offset, .. }) = &e else {
         unreachable!()
     };
-    assert_eq!(*offset, offsets[2] as u64, "the damaged record's offset");
+    assert_eq!(*offset, block as u64, "the damaged block's offset");
     assert!(r.next().is_none(), "the iterator ends after an error");
 }
 

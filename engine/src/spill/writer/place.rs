@@ -185,6 +185,11 @@ impl SpillWriter {
     fn place(&mut self, p: &mut Placing, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let len = p.rec.len();
         if !p.planned {
+            // With a codec, a record that fits a block goes into one (to be compressed) rather
+            // than out as a vectored raw write.
+            if p.vectored && !matches!(self.codec.mode, Compression::None) && self.fits_block(len) {
+                p.vectored = false;
+            }
             p.large = p.vectored || !self.fits_block(len);
             let need = if p.large {
                 LARGE_PREFIX_LEN + len + DIRECT_ALIGN

@@ -1,0 +1,252 @@
+//! Format v2 codecs end to end: random and lineitem-like records across rotations, for every
+//! codec, both write modes, both backends, through `write`, `write_slice`, in-place slots and
+//! large records; compressed blocks' records outlive their reader and state.
+
+#[macro_use]
+mod common;
+use common::*;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use spillring::{BackendKind, Bytes, Compression, Engine};
+
+per_backend!(
+    every_codec_round_trips_random_and_lineitem_rows_in_both_modes,
+    records_of_a_decompressed_block_outlive_the_reader_and_the_state,
+    a_segment_file_of_compressed_blocks_reads_back_without_an_engine,
+);
+
+const CODECS: [Compression; 4] = [
+    Compression::None,
+    Compression::Lz4,
+    Compression::Zstd { level: 1 },
+    Compression::Auto,
+];
+
+/// A TPC-H lineitem-like row (keys, quantity, prices, flags, dates, modes, comment text).
+fn lineitem(i: u64, rng: &mut StdRng) -> Vec<u8> {
+    const MODES: [&str; 7] = ["AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK"];
+    const INSTR: [&str; 4] = [
+        "DELIVER IN PERSON",
+        "COLLECT COD",
+        "NONE",
+        "TAKE BACK RETURN",
+    ];
+    const WORDS: [&str; 12] = [
+        "furiously",
+        "regular",
+        "deposits",
+        "sleep",
+        "carefully",
+        "final",
+        "packages",
+        "haggle",
+        "quickly",
+        "ironic",
+        "accounts",
+        "blithely",
+    ];
+    let mut comment = String::new();
+    for _ in 0..rng.random_range(2..6) {
+        comment.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+        comment.push(' ');
+    }
+    format!(
+        "{}|{}|{}|{}|{}|{:.2}|0.0{}|0.0{}|{}|{}|1996-{:02}-{:02}|{}|{}|{}|\n",
+        i / 4 + 1,
+        rng.random_range(1..200_000),
+        rng.random_range(1..10_000),
+        i % 7 + 1,
+        rng.random_range(1..51),
+        rng.random_range(900.0..105_000.0f64),
+        rng.random_range(0..11),
+        rng.random_range(0..9),
+        ["A", "N", "R"][rng.random_range(0..3)],
+        ["F", "O"][rng.random_range(0..2)],
+        rng.random_range(1..13),
+        rng.random_range(1..29),
+        INSTR[rng.random_range(0..INSTR.len())],
+        MODES[rng.random_range(0..MODES.len())],
+        comment
+    )
+    .into_bytes()
+}
+
+/// Records: mostly batches of lineitem rows (or random bytes of the same sizes), some empty,
+/// a few larger than a staging buffer.
+fn records(seed: u64, text: bool) -> Vec<Vec<u8>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for i in 0..1500u64 {
+        let len = match rng.random_range(0..100) {
+            0..=2 => 0,
+            3..=96 => rng.random_range(1..3000),
+            _ => rng.random_range(70_000..200_000),
+        };
+        let mut r = Vec::with_capacity(len);
+        if text {
+            let mut k = i * 100;
+            while r.len() < len {
+                r.extend_from_slice(&lineitem(k, &mut rng));
+                k += 1;
+            }
+            r.truncate(len);
+        } else {
+            r.resize(len, 0);
+            rng.fill(&mut r[..]);
+        }
+        out.push(r);
+    }
+    out
+}
+
+fn every_codec_round_trips_random_and_lineitem_rows_in_both_modes(b: BackendKind) {
+    for mode in both_modes() {
+        for codec in CODECS {
+            for text in [false, true] {
+                let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+                let engine = Engine::open(
+                    cfg(dir.path(), b)
+                        .mode(mode)
+                        .segment_size(256 << 10)
+                        .io_buffer_size(64 << 10)
+                        .compression(codec),
+                )
+                .unwrap();
+                let task = engine.task("codecs").unwrap();
+                let recs = records(u64::from(text) + 1, text);
+                let mut w = task.writer().unwrap();
+                for (i, r) in recs.iter().enumerate() {
+                    match i % 3 {
+                        0 => w.write(Bytes::from(r.clone())).unwrap(),
+                        1 => w.write_slice(r).unwrap(),
+                        _ => {
+                            let mut slot = w.record(r.len()).unwrap();
+                            slot.copy_from_slice(r);
+                            slot.commit().unwrap();
+                        }
+                    }
+                }
+                let st = w.finish().unwrap();
+                let what = format!("{mode:?} {codec:?} text={text}");
+                assert!(st.segments() > 3, "{what}: rotations: {}", st.segments());
+                let got: Vec<Bytes> = st
+                    .reader()
+                    .unwrap()
+                    .collect::<spillring::Result<_>>()
+                    .unwrap();
+                assert_eq!(got.len(), recs.len(), "{what}");
+                for (i, (g, r)) in got.iter().zip(&recs).enumerate() {
+                    assert!(g[..] == r[..], "{what}: record {i} differs");
+                }
+                let m = engine.metrics();
+                assert_eq!(
+                    m.logical_bytes_read, m.logical_bytes_written,
+                    "{what}: {m:?}"
+                );
+                assert_eq!(
+                    m.physical_bytes_read, m.physical_bytes_written,
+                    "{what}: {m:?}"
+                );
+                let ratio = m.physical_bytes_written as f64 / m.logical_bytes_written as f64;
+                match (codec, text) {
+                    (Compression::None, _) => {
+                        assert_eq!(m.blocks_lz4 + m.blocks_zstd, 0, "{what}: {m:?}");
+                        assert_eq!(ratio, 1.0, "{what}");
+                    }
+                    (_, false) => {
+                        // Random bytes never shrink: every block is stored raw.
+                        assert_eq!(m.blocks_lz4 + m.blocks_zstd, 0, "{what}: {m:?}");
+                    }
+                    (Compression::Auto, true) => {
+                        assert!(m.blocks_lz4 + m.blocks_zstd > 0, "{what}: {m:?}");
+                    }
+                    (_, true) => {
+                        // Records larger than a staging buffer are raw blocks of their own;
+                        // the others shrink to well under half.
+                        let small: u64 = recs
+                            .iter()
+                            .filter(|r| r.len() < 60_000)
+                            .map(|r| r.len() as u64)
+                            .sum();
+                        let saved = m.logical_bytes_written - m.physical_bytes_written;
+                        assert!(saved * 2 > small, "{what}: ratio {ratio}: {m:?}");
+                        assert!(m.compress_nanos > 0 && m.decompress_nanos > 0, "{what}");
+                    }
+                }
+                drop((got, st));
+                task.close();
+                assert_clean(&engine, dir.path());
+            }
+        }
+    }
+}
+
+fn records_of_a_decompressed_block_outlive_the_reader_and_the_state(b: BackendKind) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(256 << 10)
+            .io_buffer_size(64 << 10)
+            .compression(Compression::Lz4),
+    )
+    .unwrap();
+    let task = engine.task("held").unwrap();
+    let recs = records(9, true);
+    let mut w = task.writer().unwrap();
+    for r in &recs {
+        w.write_slice(r).unwrap();
+    }
+    let st = w.finish().unwrap();
+    assert!(engine.metrics().blocks_lz4 > 0);
+    let mut reader = st.reader().unwrap();
+    let held: Vec<Bytes> = (&mut reader).collect::<spillring::Result<_>>().unwrap();
+    drop(reader);
+    drop(st);
+    task.close();
+    assert_clean(&engine, dir.path());
+    // The files are gone; the decoded records are still the bytes written.
+    for (i, (h, r)) in held.iter().zip(&recs).enumerate() {
+        assert!(h[..] == r[..], "record {i} changed after its state went");
+    }
+    let before = spillring::testing::decode_buffers_kept();
+    drop(held);
+    assert!(
+        spillring::testing::decode_buffers_kept() > before
+            || spillring::testing::decode_buffers_kept() >= 16,
+        "the last record dropped gives its decode buffer back"
+    );
+}
+
+fn a_segment_file_of_compressed_blocks_reads_back_without_an_engine(b: BackendKind) {
+    for codec in [Compression::Lz4, Compression::Zstd { level: 3 }] {
+        for mode in both_modes() {
+            let root = tempfile::tempdir_in("/var/tmp").unwrap();
+            let dest = tempfile::tempdir_in("/var/tmp").unwrap();
+            let engine = Engine::open(
+                cfg(root.path(), b)
+                    .mode(mode)
+                    .segment_size(256 << 10)
+                    .io_buffer_size(64 << 10)
+                    .compression(codec),
+            )
+            .unwrap();
+            let task = engine.task("publish").unwrap();
+            let recs = records(5, true);
+            let mut w = task.writer().unwrap();
+            for r in &recs {
+                w.write_slice(r).unwrap();
+            }
+            let paths = w.finish().unwrap().publish(dest.path(), "p").unwrap();
+            task.close();
+            drop(engine);
+            let mut got = Vec::new();
+            for p in &paths {
+                for r in spillring::SegmentReader::open(p).unwrap() {
+                    got.push(r.unwrap());
+                }
+            }
+            assert_eq!(got.len(), recs.len(), "{codec:?} {mode:?}");
+            assert!(got.iter().zip(&recs).all(|(g, r)| g[..] == r[..]));
+        }
+    }
+}
