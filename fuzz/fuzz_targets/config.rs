@@ -164,6 +164,9 @@ struct Case {
     queue_depth: Count,
     registered_buffers: Count,
     large_record_threshold: Size,
+    /// `compression`: variant (mod 4: None, Lz4, Zstd, Auto) and zstd level.
+    compression: (u8, i8),
+    encryption: bool,
     preallocate: bool,
     cleanup_retry_delay: Dur,
     cleanup_batch: Count,
@@ -188,6 +191,9 @@ struct Model {
     queue_depth: u64,
     registered_buffers: u64,
     large_record_threshold: u64,
+    /// The zstd level when the codec is zstd.
+    zstd_level: Option<i32>,
+    encryption: bool,
     cleanup_retry_delay: Duration,
     cleanup_batch: u64,
     root_skip: Duration,
@@ -234,6 +240,13 @@ impl Model {
         }
         if self.registered_buffers > 16_384 {
             return Err("registered_buffers");
+        }
+        if self.zstd_level.is_some_and(|l| !(-7..=22).contains(&l)) {
+            return Err("compression");
+        }
+        if self.encryption {
+            // Documented as not built yet.
+            return Err("encryption");
         }
         if !(1..=u64::from(u32::MAX)).contains(&self.large_record_threshold) {
             return Err("large_record_threshold");
@@ -351,6 +364,8 @@ fuzz_target!(|case: Case| {
         queue_depth: case.queue_depth.get().unwrap_or(8),
         registered_buffers: case.registered_buffers.get().unwrap_or(64),
         large_record_threshold: case.large_record_threshold.get().unwrap_or(256 << 10),
+        zstd_level: (case.compression.0 % 4 == 2).then_some(i32::from(case.compression.1)),
+        encryption: case.encryption,
         cleanup_retry_delay: case
             .cleanup_retry_delay
             .get()
@@ -405,6 +420,15 @@ fuzz_target!(|case: Case| {
     if let Some(v) = case.large_record_threshold.get() {
         cfg = cfg.large_record_threshold(us(v));
     }
+    cfg = cfg.compression(match case.compression.0 % 4 {
+        0 => spillring::Compression::None,
+        1 => spillring::Compression::Lz4,
+        2 => spillring::Compression::Zstd {
+            level: i32::from(case.compression.1),
+        },
+        _ => spillring::Compression::Auto,
+    });
+    cfg = cfg.encryption(case.encryption);
     cfg = cfg.preallocate(case.preallocate);
     if let Some(v) = case.cleanup_retry_delay.get() {
         cfg = cfg.cleanup_retry_delay(v);

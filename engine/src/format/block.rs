@@ -285,7 +285,7 @@ pub fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize> {
     match codec {
         Codec::Raw => None,
         Codec::Lz4 => lz4_into(src, dst),
-        Codec::Zstd(level) => zstd::bulk::compress_to_buffer(src, dst, level).ok(),
+        Codec::Zstd(level) => zstd_into(src, dst, level),
     }
     .filter(|n| *n < src.len())
 }
@@ -313,13 +313,47 @@ fn lz4_into(src: &[u8], dst: &mut [u8]) -> Option<usize> {
     })
 }
 
+thread_local! {
+    /// Per-thread zstd contexts, kept: a block costs no context allocation after the first.
+    static ZSTD_C: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+    static ZSTD_D: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn zstd_into(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
+    ZSTD_C.with(|c| {
+        let mut c = c.borrow_mut();
+        match c.as_mut() {
+            Some((l, _)) if *l == level => {}
+            Some((l, z)) => {
+                z.set_compression_level(level).ok()?;
+                *l = level;
+            }
+            None => *c = Some((level, zstd::bulk::Compressor::new(level).ok()?)),
+        }
+        let (_, z) = c.as_mut()?;
+        z.compress_to_buffer(src, dst).ok()
+    })
+}
+
+fn zstd_decode(src: &[u8], dst: &mut [u8]) -> Result<usize, &'static str> {
+    ZSTD_D.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new().map_err(|_| "zstd context")?);
+        }
+        let z = d.as_mut().ok_or("zstd context")?;
+        z.decompress_to_buffer(src, dst)
+            .map_err(|_| "zstd block does not decode")
+    })
+}
+
 /// Decompresses a block's stored bytes into `dst` (exactly the header's raw length).
 pub fn decompress(codec: u8, src: &[u8], dst: &mut [u8]) -> Result<(), &'static str> {
     let n = match codec {
         1 => lz4_flex::block::decompress_into(src, dst).map_err(|_| "lz4 block does not decode")?,
-        2 => {
-            zstd::bulk::decompress_to_buffer(src, dst).map_err(|_| "zstd block does not decode")?
-        }
+        2 => zstd_decode(src, dst)?,
         _ => return Err("unknown block codec"),
     };
     if n != dst.len() {

@@ -294,14 +294,37 @@ impl SpillWriter {
         let need = segment::framed_len(rec.len()) + (LARGE_PREFIX_LEN + DIRECT_ALIGN) as u64;
         blocking(self.plan(need, w))?;
         if !blocking(self.place_in_block(rec, w))? {
-            let mut p = Placing::new(Bytes::copy_from_slice(rec), false);
-            p.planned = true;
-            p.large = true;
-            self.placing = Some(p);
-            return blocking(self.step(w));
+            // A block of its own continuing into the next buffer, copied from the slice (no
+            // owned copy of the record).
+            blocking(self.place_large_slice(rec, w))?;
         }
         self.count_record(rec.len());
         Ok(())
+    }
+
+    /// A record that is a raw block of its own, copied from a slice through the staging
+    /// buffers (blocking: the writer waits only for buffers and in-flight budget).
+    fn place_large_slice(&mut self, rec: &[u8], wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        ready_ok!(self.seal_open_block(wait));
+        let Some(seg) = self.seg.as_ref() else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let prefix = large_prefix(
+            seg_binding(seg.segment, seg.generation),
+            seg.logical,
+            rec,
+            0,
+        );
+        let total = LARGE_PREFIX_LEN + rec.len();
+        let mut done = 0;
+        while done < total {
+            ready_ok!(self.copy_some(&prefix, rec, &mut done, wait));
+        }
+        if let Some(s) = self.seg.as_mut() {
+            s.logical += total as u64;
+        }
+        self.count_block(Codec::Raw, total as u64, total as u64, 0);
+        Poll::Ready(Ok(()))
     }
 
     /// Puts a record that fits a staging buffer into the open block (opening one, or writing
