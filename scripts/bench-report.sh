@@ -2,7 +2,7 @@
 # bench-report.sh: one command for the whole performance story (issues 4 and 10).
 #
 # Runs every bench of the spillring-benches crate (`cargo bench -p spillring-benches`: capacity,
-# hot_path, throughput, ledger, cleanup, repeat, overlap, and any bench added to
+# hot_path, throughput, ledger, cleanup, repeat, overlap, codec, and any bench added to
 # benches/Cargo.toml), pairs the engine with fio (scripts/fio-baseline.sh), profiles the engine
 # path of the worst missed goal of each profile slot with `perf record -e cpu-clock`, and writes
 # into the output directory:
@@ -72,7 +72,7 @@ start=$(date +%s)
 echo "bench-report: cargo bench (quick=$quick), raw results in $raw" >&2
 set +e
 cargo bench -p spillring-benches 2>&1 | tee "$raw/cargo-bench.log" \
-    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|overlap|scale|async_poll|spillring-bench|error)|time:|panicked' >&2 || true; }
+    | { grep -E '^(capacity|hot_path|throughput round|cleanup|repeat|overlap|scale|async_poll|codec round|spillring-bench|error)|time:|panicked' >&2 || true; }
 status=${PIPESTATUS[0]}
 set -e
 if (( status != 0 )); then

@@ -511,6 +511,116 @@ def writers_section_md(d):
 SECTIONS.append(("writers", "Many writers of one task: memory and disk", writers_section_md))
 
 
+def add_codec_rows():
+    """Goal rows and the section of issue 11's codec bench (benches/benches/codec.rs, codec.json):
+    segment format v2's compression and encryption, direct mode on the disk root. Ratios are
+    medians of per-round ratios (the configurations of a data set run in one order, reversed
+    every round), with their spread; codec.json writes figures, never verdicts."""
+    def cfg(d, ds, c):
+        return d["datasets"][ds]["configs"][c]
+
+    def ratio(d, key, nd=2):
+        return stats_spread(d["ratios"][key], nd)
+
+    def median(key):
+        # Null when a configuration of the pair did not run (refused by the build).
+        return lambda d: (d["ratios"][key] or {}).get("median")
+
+    def auto_ratio_shown(d):
+        c = cfg(d, "lineitem", "auto")
+        return (f"{f(c['physical_per_logical'], 3)} ({f(c['physical_bytes'] / 2**20, 0)} MiB for "
+                f"{f(c['logical_bytes'] / 2**20, 0)} MiB; blocks raw/lz4/zstd "
+                f"{f(c['blocks']['raw'])}/{f(c['blocks']['lz4'])}/{f(c['blocks']['zstd'])})")
+
+    def worst_allocs(d):
+        return max(a["allocs_per_write"] for a in d["allocs"]["configs"].values())
+
+    def allocs_shown(d):
+        a = d["allocs"]["configs"]
+        worst = max(a, key=lambda k: a[k]["allocs_per_write"])
+        return (f"{f(a[worst]['allocs_per_write'], 4)} ({worst}, worst of {len(a)} configurations; "
+                f"{f(a[worst]['writes'])} writes counted)")
+
+    GOALS.extend([
+        Goal("codec", "physical / logical bytes, lineitem-like rows, `Auto`", "codec",
+             lambda d: cfg(d, "lineitem", "auto")["physical_per_logical"], "<=", 0.4, unit="",
+             shown=auto_ratio_shown),
+        Goal("codec", "spill logical GB/s, lineitem-like, `Auto` / `None`, direct mode, disk root", "codec",
+             median("lineitem_auto_vs_none_gb_s"), ">=", 1.5,
+             shown=lambda d: ratio(d, "lineitem_auto_vs_none_gb_s"), profile=("codec", "codec", "lineitem-auto")),
+        Goal("codec", "spill logical GB/s, random bytes, `Auto` / `None`", "codec",
+             median("random_auto_vs_none_gb_s"), ">=", 0.95,
+             shown=lambda d: ratio(d, "random_auto_vs_none_gb_s"), profile=("codec", "codec", "random-auto")),
+        Goal("codec", "process CPU per GiB, random bytes, `Auto` / `None`", "codec",
+             median("random_auto_vs_none_cpu"), "<=", 1.05,
+             shown=lambda d: ratio(d, "random_auto_vs_none_cpu"), profile=("codec", "codec", "random-auto")),
+        Goal("codec", "engine `Lz4` logical GB/s / lz4_flex compressing the same 1 MiB blocks alone, lineitem-like",
+             "codec", median("lineitem_lz4_vs_crate"), ">=", 0.9,
+             shown=lambda d: ratio(d, "lineitem_lz4_vs_crate"), profile=("codec", "codec", "lineitem-lz4")),
+        Goal("codec", "spill logical GB/s, encryption on / off, lineitem-like, `None`", "codec",
+             median("lineitem_enc_none_vs_none_gb_s"), ">=", 0.8,
+             shown=lambda d: ratio(d, "lineitem_enc_none_vs_none_gb_s"), profile=("codec", "codec", "lineitem-enc_none")),
+        Goal("codec", "spill logical GB/s, encryption on / off, lineitem-like, `Auto`", "codec",
+             median("lineitem_enc_auto_vs_auto_gb_s"), ">=", 0.8,
+             shown=lambda d: ratio(d, "lineitem_enc_auto_vs_auto_gb_s"), profile=("codec", "codec", "lineitem-enc_auto")),
+        Goal("codec", "spill logical GB/s, encryption on / off, random bytes, `None`", "codec",
+             median("random_enc_none_vs_none_gb_s"), ">=", 0.8,
+             shown=lambda d: ratio(d, "random_enc_none_vs_none_gb_s"), profile=("codec", "codec", "random-enc_none")),
+        Goal("codec", "encryption's CPU per GiB in the engine (on − off, `None`, lineitem-like) vs aws-lc-rs "
+             "AES-256-GCM sealing the same blocks alone", "codec",
+             lambda d: d["encryption_cpu"]["engine_extra_cpu_s_per_gib"], None, None, unit=" s/GiB",
+             shown=lambda d: (f"{f(d['encryption_cpu']['engine_extra_cpu_s_per_gib'], 3)} s/GiB vs "
+                              f"{f(d['encryption_cpu']['crate_cpu_s_per_gib'], 3)} s/GiB alone")),
+        Goal("codec", "heap allocations per write with compression or encryption on", "codec",
+             worst_allocs, "<=", 0, unit="", shown=allocs_shown),
+    ])
+
+    def section(d):
+        out = [d["what"] + ".", ""]
+        if d.get("refused"):
+            out += ["Configurations this build refused (not measured): "
+                    + "; ".join(f"`{k}`: {v}" for k, v in d["refused"].items()) + ".", ""]
+        out += [
+               f"Engine backend {d['engine']['backend']}, {d['engine']['write_mode']} mode, root `{d['root']}`;"
+               f" {f(d['bytes_per_run'] / 2**20, 0)} MiB logical per run; {d['rounds']} rounds (each data set's"
+               f" configurations in one order, reversed every round; medians over rounds, ratios paired per round).", ""]
+        order = [v["name"] for v in d.get("variants", [])]
+        for ds, dd in d["datasets"].items():
+            configs = sorted(dd["configs"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+            out += [f"**{ds}** ({dd['what']}):", "",
+                    table(["configuration", "write GB/s", "read GB/s", "physical / logical", "physical / record bytes",
+                           "CPU s/GiB write", "CPU s/GiB read", "blocks raw / lz4 / zstd", "compress s/GiB",
+                           "encrypt s/GiB", "runs"],
+                          [(name, f(c["write_gb_s"], 3), f(c["read_gb_s"], 3), f(c["physical_per_logical"], 3),
+                            f(c.get("physical_per_payload"), 3),
+                            f(c["cpu_s_per_gib_write"], 3), f(c["cpu_s_per_gib_read"], 3),
+                            f"{f(c['blocks']['raw'])} / {f(c['blocks']['lz4'])} / {f(c['blocks']['zstd'])}",
+                            f(c["compress_s_per_gib"], 3), f(c["encrypt_s_per_gib"], 3), c["runs"])
+                           for name, c in configs]), ""]
+        b = d["baselines"]
+        out += ["Baselines in the same run, on one thread over the same 1 MiB blocks of lineitem-like rows "
+                "(medians over rounds):", "",
+                table(["baseline", "GB/s (wall)", "GB per CPU s", "CPU s/GiB", "output / input"],
+                      [(name, f(b[k]["gb_s"], 3), f(b[k].get("gb_per_cpu_s"), 3), f(b[k]["cpu_s_per_gib"], 3),
+                        f(b[k]["ratio"], 3))
+                       for name, k in (("lz4_flex block compress", "lz4_flex"), ("aws-lc-rs AES-256-GCM seal", "aes_gcm"))]),
+                "",
+                "Ratios (medians of per-round ratios):", "",
+                table(["ratio", "measured"], [(k, ratio(d, k)) for k in d["ratios"]]), "",
+                "Heap allocations per `write` (dhat, every thread, steady state):", "",
+                table(["configuration", "allocs / write", "writes counted"],
+                      [(k, f(a["allocs_per_write"], 4), f(a["writes"])) for k, a in d["allocs"]["configs"].items()]), ""]
+        if d.get("profiles", {}).get("codec"):
+            p = d["profiles"]["codec"]
+            out.append(profile_md(p, f"CPU profile of the engine's write runs (`{p.get('what')}`, the worst miss)"))
+        return out
+
+    SECTIONS.append(("codec", "Codecs and encryption (segment format v2)", section))
+
+
+add_codec_rows()
+
+
 def verdict(g, v):
     """(text, met) for goal `g` at measured value `v`: the one place a figure is judged."""
     if v is None:
@@ -879,7 +989,10 @@ def main():
         md += ["Not measured (no `overlap.json`).", ""]
     for source, title, render in SECTIONS:
         md += [f"## {title}", ""]
-        md += render(docs[source]) if docs.get(source) is not None else [f"Not measured (no `{source}.json`).", ""]
+        # A section sees the profiles taken for its bench's missed goals under "profiles" (by slot).
+        own = {slot: dict(p, what=wanted[slot][1]) for slot, p in profiles.items() if wanted[slot][2]["g"].source == source}
+        md += (render(dict(docs[source], profiles=own)) if docs.get(source) is not None
+               else [f"Not measured (no `{source}.json`).", ""])
     md += ["## Files", "", "JSON with the same figures, their verdicts and their provenance: "
            + ", ".join(f"`{n}.json`" for n in saved)
            + ". Plots: " + ", ".join(f"`{p}`" for p in plots) + ".", ""]

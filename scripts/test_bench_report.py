@@ -53,6 +53,44 @@ OVERLAP = {
 }
 
 
+def codec_doc(auto_phys=0.3, auto_gain=1.8, rnd_gain=0.97, rnd_cpu=1.02, lz4=0.95, enc=0.9, allocs=0.0):
+    """codec.json as benches/benches/codec.rs writes it, with the goal figures as given."""
+    def st(m):
+        return {"n": 5, "median": m, "min": m - 0.01, "max": m + 0.01, "values": [m] * 5}
+
+    def cfg(ppl, blocks=(0, 0, 512)):
+        return {"runs": 5, "logical_bytes": 512 << 20, "physical_bytes": int(ppl * (512 << 20)),
+                "write_gb_s": 1.0, "read_gb_s": 1.5, "physical_per_logical": ppl, "physical_per_logical_read": ppl,
+                "cpu_s_per_gib_write": 0.5, "cpu_s_per_gib_read": 0.3,
+                "blocks": {"raw": blocks[0], "lz4": blocks[1], "zstd": blocks[2]},
+                "compress_s_per_gib": 0.2, "decompress_s_per_gib": 0.1, "encrypt_s_per_gib": 0.0,
+                "decrypt_s_per_gib": 0.0, "write_gb_s_runs": [1.0] * 5}
+    names = ["none", "lz4", "zstd1", "zstd2", "zstd3", "auto", "enc_none", "enc_auto"]
+    return {
+        "bench": "codec", "what": "w", "engine": {"backend": "io_uring", "write_mode": "direct"}, "root": "/r",
+        "quick": True, "bytes_per_run": 512 << 20, "rounds": 5, "block_bytes": 1 << 20,
+        "datasets": {
+            "lineitem": {"what": "rows", "pool_bytes": 1, "configs": {n: cfg(auto_phys if n == "auto" else 0.45)
+                                                                    for n in names}},
+            "random": {"what": "random", "pool_bytes": 1, "configs": {n: cfg(1.0, (512, 0, 0))
+                                                                  for n in ("none", "lz4", "auto", "enc_none", "enc_auto")}},
+        },
+        "ratios": {"lineitem_auto_vs_none_gb_s": st(auto_gain), "random_auto_vs_none_gb_s": st(rnd_gain),
+                   "random_auto_vs_none_cpu": st(rnd_cpu), "lineitem_lz4_vs_crate": st(lz4),
+                   "lineitem_enc_none_vs_none_gb_s": st(enc), "lineitem_enc_auto_vs_auto_gb_s": st(enc),
+                   "random_enc_none_vs_none_gb_s": st(enc)},
+        "baselines": {"lz4_flex": {"gb_s": 0.8, "gb_per_cpu_s": 0.8, "cpu_s_per_gib": 1.3, "ratio": 0.44},
+                      "aes_gcm": {"gb_s": 3.0, "gb_per_cpu_s": 3.0, "cpu_s_per_gib": 0.36, "ratio": 1.0}},
+        "encryption_cpu": {"engine_extra_cpu_s_per_gib": 0.4, "crate_cpu_s_per_gib": 0.36},
+        "allocs": {"configs": {n: {"writes": 1000, "allocations": int(allocs * 1000), "allocs_per_write": allocs}
+                               for n in ("lz4", "zstd1", "auto", "enc_none", "enc_auto")}},
+    }
+
+
+def codec_rows(rows):
+    return {g.figure: rows[g.figure] for g in bench_report.GOALS if g.source == "codec"}
+
+
 class GoalTable(unittest.TestCase):
     def test_every_goal_row_shows_when_no_bench_ran(self):
         md, saved = run_report({})
@@ -99,6 +137,43 @@ class GoalTable(unittest.TestCase):
                 md = fh.read()
         self.assertIn("## Extra\n\nextra median 1.3", md)
         self.assertIn("## Scale\n\nNot measured (no `scale.json`).", md)
+
+    def test_codec_rows_cover_issue_11s_goals_and_judge_them(self):
+        md, saved = run_report({"codec": codec_doc()})
+        rows = codec_rows(goal_rows(md))
+        # Every row of issue 11's Goals table, the encryption CPU context row and nothing else.
+        self.assertEqual(len(rows), 10)
+        judged = [(m, v) for m, _, v in rows.values()]
+        self.assertEqual(sum(v == "met" for _, v in judged), 9, rows)
+        self.assertEqual(sum(v == "context" for _, v in judged), 1, rows)
+        auto = next(v for k, v in rows.items() if k.startswith("physical / logical"))
+        self.assertTrue(auto[0].startswith("0.300 ("), auto)
+        self.assertEqual(auto[1], "≤ 0.4")
+        self.assertIn("codec.json", saved)
+        self.assertIn("## Codecs and encryption (segment format v2)", md)
+        self.assertIn("| auto | 1.000 | 1.500 | 0.300 | – |", md)
+
+    def test_codec_misses_are_bolded_with_their_distance(self):
+        md, _ = run_report({"codec": codec_doc(auto_phys=0.45, auto_gain=1.2, rnd_gain=0.9, rnd_cpu=1.2, lz4=0.5,
+                                               enc=0.7, allocs=0.25)})
+        rows = codec_rows(goal_rows(md))
+        verdicts = {k: v[2] for k, v in rows.items()}
+        missed = [k for k, v in verdicts.items() if v.startswith("**missed")]
+        self.assertEqual(len(missed), 9, verdicts)
+        allocs = next(v for k, v in rows.items() if k.startswith("heap allocations per write with"))
+        self.assertTrue(allocs[0].startswith("0.2500 (lz4, worst of 5"), allocs)
+        self.assertTrue(allocs[2].startswith("**missed: 0.25 above 0"), allocs)
+        gain = next(v for k, v in rows.items() if "`Auto` / `None`, direct" in k)
+        self.assertTrue(gain[0].startswith("1.20× (median of 5 pairs, 1.19–1.21)"), gain)
+        self.assertTrue(gain[2].startswith("**missed by 0.3"), gain)
+
+    def test_codec_json_without_a_figure_names_the_field(self):
+        doc = codec_doc()
+        del doc["ratios"]["lineitem_lz4_vs_crate"]
+        md, _ = run_report({"codec": doc})
+        rows = codec_rows(goal_rows(md))
+        lz4 = next(v for k, v in rows.items() if "lz4_flex" in k)
+        self.assertIn("has no 'lineitem_lz4_vs_crate'", lz4[2])
 
     def test_verdicts(self):
         le = bench_report.Goal("a", "b", "c", None, "<=", 2.0, unit="")

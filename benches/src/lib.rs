@@ -9,7 +9,8 @@
 //! - [`heap`]: a dhat allocator that is only switched on around the measured region;
 //! - [`wait`]: waiting for the engine's deletes and other conditions;
 //! - [`report`]: the JSON every bench writes;
-//! - [`baseline`]: the `std::fs` and tokio-uring baselines the engine is compared with.
+//! - [`lineitem`]: issue 11's bench data: TPC-H `lineitem`-like rows and random bytes;
+//! - [`baseline`]: the `std::fs`, tokio-uring and codec baselines the engine is compared with.
 //!
 //! Every bench measures the engine through its public API (the same paths an embedding
 //! executor uses) and a baseline in the same process, and writes its figures as JSON to
@@ -22,6 +23,7 @@ pub mod backend;
 pub mod baseline;
 pub mod dirs;
 pub mod heap;
+pub mod lineitem;
 pub mod measure;
 pub mod mode;
 pub mod payload;
