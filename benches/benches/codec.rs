@@ -33,7 +33,7 @@
 //! ratios are medians of per-round ratios with their min and max. In every round, on one
 //! thread, the baselines run over the same 1 MiB blocks of lineitem rows (packed with 4-byte
 //! lengths as a staging buffer holds them): lz4_flex compressing them (GB/s of input per wall
-//! second), and aws-lc-rs AES-256-GCM sealing them (CPU s per GiB). Then allocations: per
+//! second), and ring AES-256-GCM sealing them (CPU s per GiB). Then allocations: per
 //! compressing or encrypting configuration, one writer past a warm-up, and the heap allocations
 //! (dhat, every thread) of the `write_slice` calls that follow, inside one segment.
 //!

@@ -3,7 +3,7 @@
 //!
 //! - [`lz4_compress`]: `lz4_flex::block::compress_into` over each block into one reused output
 //!   buffer (what the engine's `Lz4` codec does per block, without the engine around it);
-//! - [`Sealer::seal`]: AES-256-GCM (aws-lc-rs) sealing each block in place with a fresh nonce,
+//! - [`Sealer::seal`]: AES-256-GCM (ring) sealing each block in place with a fresh nonce,
 //!   the tag kept apart (what `encryption(true)` does per block).
 //!
 //! Both return a [`CodecRun`]: bytes in and out, wall and calling-thread CPU time. A bench turns
@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
 use crate::GIB_F;
 use crate::measure::thread_cpu;
@@ -99,7 +99,8 @@ impl Sealer {
     /// A sealer with a key from the system's random source.
     pub fn new() -> Self {
         let mut key = [0u8; 32];
-        aws_lc_rs::rand::fill(&mut key).expect("the system random source");
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
+            .expect("the system random source");
         let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &key).expect("a 32-byte key"));
         Sealer { key, counter: 0 }
     }

@@ -5,7 +5,7 @@
 //!   `remove_file` of many files one by one (cleanup);
 //! - [`tokio_uring`]: a tokio-uring `write_at` loop with a fixed number of writes in flight
 //!   (throughput);
-//! - [`codec`]: lz4_flex compressing and aws-lc-rs AES-256-GCM sealing the same blocks the
+//! - [`codec`]: lz4_flex compressing and ring AES-256-GCM sealing the same blocks the
 //!   engine's codecs see, alone on the calling thread (issue 11's codec bench).
 //!
 //! Each baseline does only what its doc says; the bench around it owns the clock, except where
