@@ -69,6 +69,14 @@ pub(crate) struct AutoPolicy {
     backoff: u32,
 }
 
+/// What writing costs the writer, per physical byte: wall time between its blocks, and of that
+/// the time it waited for its writes in flight (a full queue or the drain at `finish`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DeviceCost {
+    pub(crate) ns_per_byte: f64,
+    pub(crate) wait_ns_per_byte: f64,
+}
+
 /// One codec's result on a sample: bytes out and nanoseconds taken (`None`: did not shrink).
 pub(crate) type TrialResult = Option<(usize, u64)>;
 
@@ -90,16 +98,25 @@ impl AutoPolicy {
         None
     }
 
-    /// Chooses from a trial on `sample` bytes, at a device cost of `device_ns_per_byte`.
+    /// Chooses from a trial on `sample` bytes at the device cost the writer sees. A codec's
+    /// gain is the writer time its saved bytes free, less its CPU: the saved bytes' device
+    /// time, but never more than the time the writer spent waiting for the device over the
+    /// sample's bytes. Writes run behind the writer, so a writer that never waits for the
+    /// device (it is the bottleneck itself) gains nothing from writing fewer bytes and only
+    /// pays the CPU: it stores raw. (Measuring the wall time between blocks alone made a
+    /// compressing writer, slowed by its own CPU, see a slow device and keep compressing.)
     pub(crate) fn choose(
         &mut self,
         sample: usize,
         lz4: TrialResult,
         zstd: TrialResult,
-        device_ns_per_byte: f64,
+        cost: DeviceCost,
     ) -> Codec {
         let gain = |t: TrialResult| {
-            t.map(|(out, ns)| sample.saturating_sub(out) as f64 * device_ns_per_byte - ns as f64)
+            t.map(|(out, ns)| {
+                let freed = sample.saturating_sub(out) as f64 * cost.ns_per_byte;
+                freed.min(sample as f64 * cost.wait_ns_per_byte) - ns as f64
+            })
         };
         let mut best = (Codec::Raw, 0.0f64);
         if let Some(g) = gain(lz4)
@@ -136,6 +153,12 @@ pub(super) struct CodecState {
     auto: AutoPolicy,
     /// Wall time per physical byte written, smoothed (`Auto`'s device cost).
     ns_per_byte: f64,
+    /// Of that, the time spent waiting for writes in flight, per physical byte, smoothed.
+    wait_ns_per_byte: f64,
+    /// Waiting since the last block (added by `poll_inflight_below`).
+    waited_ns: u64,
+    /// When an async wait for writes in flight returned `Pending`.
+    pending_since: Option<Instant>,
     last_block: Option<Instant>,
     /// Where `Auto`'s trials compress to (kept: no allocation per block).
     scratch: Vec<u8>,
@@ -148,6 +171,9 @@ impl CodecState {
             auto: AutoPolicy::new(),
             // 1 GB/s until measured.
             ns_per_byte: 1.0,
+            wait_ns_per_byte: 1.0,
+            waited_ns: 0,
+            pending_since: None,
             last_block: None,
             scratch: Vec::new(),
         }
@@ -161,7 +187,23 @@ impl CodecState {
         {
             let ns = now.duration_since(t).as_nanos() as f64 / bytes as f64;
             self.ns_per_byte = 0.8 * self.ns_per_byte + 0.2 * ns.clamp(0.01, 1000.0);
+            let w = self.waited_ns as f64 / bytes as f64;
+            self.wait_ns_per_byte = 0.8 * self.wait_ns_per_byte + 0.2 * w.clamp(0.0, 1000.0);
         }
+        self.waited_ns = 0;
+    }
+
+    /// The cost `Auto` weighs a trial against.
+    fn cost(&self) -> DeviceCost {
+        DeviceCost {
+            ns_per_byte: self.ns_per_byte,
+            wait_ns_per_byte: self.wait_ns_per_byte,
+        }
+    }
+
+    /// Counts time the writer spent waiting for its writes in flight.
+    fn waited(&mut self, since: Instant) {
+        self.waited_ns += since.elapsed().as_nanos() as u64;
     }
 }
 
@@ -547,7 +589,7 @@ impl SpillWriter {
                 let c = self
                     .codec
                     .auto
-                    .choose(sample.len(), lz4, zstd, self.codec.ns_per_byte);
+                    .choose(sample.len(), lz4, zstd, self.codec.cost());
                 *nanos += t0.elapsed().as_nanos() as u64;
                 c
             }
@@ -742,12 +784,20 @@ impl SpillWriter {
                 return Poll::Ready(Err(self.write_error(idx, e)));
             }
             if s.inflight < limit {
+                if let Some(t) = self.codec.pending_since.take() {
+                    self.codec.waited(t);
+                }
                 return Poll::Ready(Ok(()));
             }
             match wait {
-                Wait::Block => self.shared.tracker.cv.wait(&mut s),
+                Wait::Block => {
+                    let t = Instant::now();
+                    self.shared.tracker.cv.wait(&mut s);
+                    self.codec.waited(t);
+                }
                 Wait::Async(cx) => {
                     s.waker = Some(cx.waker().clone());
+                    self.codec.pending_since.get_or_insert_with(Instant::now);
                     return Poll::Pending;
                 }
             }
@@ -945,12 +995,62 @@ fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)
 mod tests {
     use super::*;
 
+    /// A device-bound writer: it waits for the device all the time it is not copying.
+    fn bound(ns_per_byte: f64) -> DeviceCost {
+        DeviceCost {
+            ns_per_byte,
+            wait_ns_per_byte: ns_per_byte,
+        }
+    }
+
+    #[test]
+    fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
+        let mut p = AutoPolicy::new();
+        // The wall time between blocks is long (10 MB/s) because the writer itself is slow
+        // (its producer, or its own compression): writes never make it wait, so fewer bytes
+        // free no writer time and any codec only adds CPU.
+        let cpu_bound = DeviceCost {
+            ns_per_byte: 100.0,
+            wait_ns_per_byte: 0.0,
+        };
+        assert_eq!(
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                cpu_bound
+            ),
+            Codec::Raw
+        );
+        // Waiting a little: a codec pays only up to the wait it removes.
+        while p.next_block().is_some() {}
+        let some_wait = DeviceCost {
+            ns_per_byte: 100.0,
+            wait_ns_per_byte: 0.5,
+        };
+        // 64 KiB x 0.5 ns = 32.8 us of waiting: lz4 (20 us) pays, zstd (200 us) does not.
+        assert_eq!(
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                some_wait
+            ),
+            Codec::Lz4
+        );
+    }
+
     #[test]
     fn auto_keeps_a_codec_that_pays_and_retries_after_a_while() {
         let mut p = AutoPolicy::new();
         assert_eq!(p.next_block(), None);
         // 64 KiB -> 16 KiB in 20 us at 1 ns/byte: 48 us of device time saved.
-        let c = p.choose(65536, Some((16384, 20_000)), Some((12000, 200_000)), 1.0);
+        let c = p.choose(
+            65536,
+            Some((16384, 20_000)),
+            Some((12000, 200_000)),
+            bound(1.0),
+        );
         assert_eq!(c, Codec::Lz4);
         for _ in 0..AUTO_KEEP {
             assert_eq!(p.next_block(), Some(Codec::Lz4));
@@ -958,7 +1058,12 @@ mod tests {
         assert_eq!(p.next_block(), None);
         // On a slow device (10 MB/s) zstd's better ratio pays for its extra CPU.
         assert_eq!(
-            p.choose(65536, Some((16384, 20_000)), Some((8000, 200_000)), 100.0),
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                bound(100.0)
+            ),
             Codec::Zstd(1)
         );
     }
@@ -968,7 +1073,7 @@ mod tests {
         let mut p = AutoPolicy::new();
         // A fast device (0.1 ns/byte): 48 KiB saved is 4.9 us, the codec took 20 us.
         assert_eq!(
-            p.choose(65536, Some((16384, 20_000)), None, 0.1),
+            p.choose(65536, Some((16384, 20_000)), None, bound(0.1)),
             Codec::Raw
         );
         assert_eq!(p.next_block(), Some(Codec::Raw));
@@ -982,7 +1087,7 @@ mod tests {
         for _ in 0..2000 {
             if p.next_block().is_none() {
                 trials += 1;
-                assert_eq!(p.choose(65536, None, None, 1.0), Codec::Raw);
+                assert_eq!(p.choose(65536, None, None, bound(1.0)), Codec::Raw);
             }
         }
         // 1 + 2 + 4 + ... + 256, then every 257 blocks: 9 trials for the first 511 blocks,
@@ -990,7 +1095,10 @@ mod tests {
         assert!(trials <= 16, "{trials} trials in 2000 blocks");
         // Then one block that pays resets the back-off.
         while p.next_block().is_some() {}
-        assert_eq!(p.choose(65536, Some((1000, 1000)), None, 1.0), Codec::Lz4);
+        assert_eq!(
+            p.choose(65536, Some((1000, 1000)), None, bound(1.0)),
+            Codec::Lz4
+        );
         assert_eq!(p.backoff, 0);
     }
 }
