@@ -7,7 +7,11 @@ mod common;
 use common::*;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use spillring::{BackendKind, Bytes, Compression, Engine};
+use std::time::Duration;
+
+use spillring::{
+    BackendKind, Bytes, Compression, Engine, FaultAction, FaultPlan, FaultPoint, Trigger,
+};
 
 per_backend!(
     every_codec_round_trips_random_and_lineitem_rows_in_both_modes,
@@ -104,14 +108,24 @@ fn every_codec_round_trips_random_and_lineitem_rows_in_both_modes(b: BackendKind
         for codec in CODECS {
             for text in [false, true] {
                 let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-                let engine = Engine::open(
-                    cfg(dir.path(), b)
-                        .mode(mode)
-                        .segment_size(256 << 10)
-                        .io_buffer_size(64 << 10)
-                        .compression(codec),
-                )
-                .unwrap();
+                let mut c = cfg(dir.path(), b)
+                    .mode(mode)
+                    .segment_size(256 << 10)
+                    .io_buffer_size(64 << 10)
+                    .compression(codec);
+                if codec == Compression::Auto {
+                    // A slow device (2 ms a 64 KiB write): the writer waits for it, so on
+                    // text Auto's saved bytes pay (on the page cache it would rightly stay
+                    // raw: `place::tests::auto_stores_raw_when_the_writer_never_waits_...`).
+                    let plan = FaultPlan::new(11);
+                    plan.arm(
+                        FaultPoint::IoWrite,
+                        FaultAction::Delay(Duration::from_millis(2)),
+                        Trigger::Always,
+                    );
+                    c = c.fault_plan(plan);
+                }
+                let engine = Engine::open(c).unwrap();
                 let task = engine.task("codecs").unwrap();
                 let recs = records(u64::from(text) + 1, text);
                 let mut w = task.writer().unwrap();
