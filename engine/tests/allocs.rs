@@ -98,8 +98,10 @@ fn compression_adds_no_allocation_per_write(b: BackendKind) {
         ] {
             let (got, compressed, lz4_calls) = allocs_per_write(b, mode, c);
             eprintln!("{mode:?} {c:?}: {got} allocations in 5000 writes (None: {base})");
+            // A fixed codec compresses every block; Auto only while the writer waits for the
+            // device, which depends on the disk under the test.
             assert!(
-                compressed > 50,
+                c == Compression::Auto || compressed > 50,
                 "{mode:?} {c:?}: {compressed} blocks compressed"
             );
             // lz4_flex allocates its hash table per call (a block; Auto's trials are fewer
