@@ -244,10 +244,6 @@ impl Model {
         if self.zstd_level.is_some_and(|l| !(-7..=22).contains(&l)) {
             return Err("compression");
         }
-        if self.encryption {
-            // Documented as not built yet.
-            return Err("encryption");
-        }
         if !(1..=u64::from(u32::MAX)).contains(&self.large_record_threshold) {
             return Err("large_record_threshold");
         }

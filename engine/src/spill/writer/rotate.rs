@@ -163,7 +163,12 @@ impl SpillWriter {
                 .get_blocking(HEADER_LEN)
                 .map_err(short_error)?,
         };
-        buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));
+        buf.push(&segment::encode_header(
+            o.seg,
+            self.core.id,
+            o.generation,
+            self.core.key_id(),
+        ));
         self.staging = Some(buf);
         self.seg = Some(OpenSegment {
             entry_index: o.entry_index,
