@@ -193,6 +193,8 @@ struct Model {
     large_record_threshold: u64,
     /// The zstd level when the codec is zstd.
     zstd_level: Option<i32>,
+    /// Either value is valid (no bound to check): kept for the failing case's Debug print.
+    #[allow(dead_code)]
     encryption: bool,
     cleanup_retry_delay: Duration,
     cleanup_batch: u64,
