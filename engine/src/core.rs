@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::EngineConfig;
 use crate::fault::FaultPlan;
+use crate::format::crypt::{BlockKey, KEY_LEN};
 use crate::io::{IoHandle, ReadBufs};
 use crate::metrics::Counters;
 use crate::store::Store;
@@ -85,6 +86,8 @@ pub(crate) struct Core {
     pub(crate) state_shells: Shelf<Shell>,
     /// Empty file lists with room for a segment, for the next writer.
     pub(crate) entry_lists: Shelf<Vec<SegmentEntry>>,
+    /// The block key when `encryption(true)`: made at open, held only here, never written.
+    pub(crate) key: Option<BlockKey>,
     /// Set once a shutdown began: admission of new tasks and writers stops.
     shut: AtomicBool,
 }
@@ -99,8 +102,15 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    pub(crate) fn new(cfg: EngineConfig, id: u64, io: IoHandle, store: Store) -> Self {
+    pub(crate) fn new(
+        cfg: EngineConfig,
+        id: u64,
+        io: IoHandle,
+        store: Store,
+        key: Option<BlockKey>,
+    ) -> Self {
         Core {
+            key,
             fault: cfg.fault_plan.clone(),
             read_bufs: ReadBufs::new(cfg.read_buffer_max),
             writer_shells: Shelf::new(),
@@ -119,6 +129,11 @@ impl Core {
     /// skipped for a while).
     pub(crate) fn root_failed(&self, root: usize, e: &io::Error) -> bool {
         self.store.roots.failed(root, e, &self.counters)
+    }
+
+    /// The key id written in segment headers (0: not encrypted).
+    pub(crate) fn key_id(&self) -> u64 {
+        self.key.as_ref().map_or(0, BlockKey::id)
     }
 
     /// Marks the engine shut down; true if it already was.
@@ -142,6 +157,33 @@ impl Core {
 /// Keeps the engine (its threads) alive while a handle lives, without the handle's layer
 /// naming the engine's type.
 pub(crate) type EngineGuard = Arc<dyn Send + Sync>;
+
+/// A fresh block key: 32 bytes from `getrandom` (wiped once the cipher key is built) and a
+/// random nonzero key id. A short or failed `getrandom` is an error, never a weaker key.
+pub(crate) fn make_key() -> io::Result<BlockKey> {
+    let mut raw = zeroize::Zeroizing::new([0u8; KEY_LEN]);
+    fill_random(&mut raw[..])?;
+    let mut id = [0u8; 8];
+    let mut key_id = 0;
+    while key_id == 0 {
+        fill_random(&mut id)?;
+        key_id = u64::from_le_bytes(id);
+    }
+    BlockKey::new(raw, key_id).map_err(io::Error::other)
+}
+
+fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match crate::sys::rand::getrandom(&mut buf[got..]) {
+            Ok(0) => return Err(io::Error::other("getrandom returned no bytes")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 #[cfg(all(test, not(loom)))]
 mod tests {

@@ -234,6 +234,14 @@ impl Engine {
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
         let cfg = cfg.resolved();
         cfg.check()?;
+        let key = if cfg.encryption {
+            Some(
+                crate::core::make_key()
+                    .map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?,
+            )
+        } else {
+            None
+        };
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
         let opened = open_roots(&cfg, &reaper)?;
@@ -266,7 +274,7 @@ impl Engine {
             Arc::new(CleanupQueue::new()),
             SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
         );
-        let core = Arc::new(Core::new(cfg, id, io, store));
+        let core = Arc::new(Core::new(cfg, id, io, store, key));
         Counters::add(&core.counters.roots_unusable, unusable);
         let worker_core = core.clone();
         let cleanup_thread = std::thread::Builder::new()

@@ -236,6 +236,16 @@ pub enum SpillError {
         /// The directory (under a spill root) that holds the state's files.
         root: PathBuf,
     },
+
+    /// `publish` of a state written by an engine with `encryption(true)`: its files are
+    /// ciphertext under a key that lives only in this engine's memory, so no reader outside
+    /// it could ever read them. Nothing was moved; the state still holds its files and stays
+    /// readable through the engine.
+    #[error(
+        "cannot publish an encrypted spill state: its key lives only in this engine's memory, so \
+         the published files could never be read; nothing was moved, the state stays readable"
+    )]
+    PublishEncrypted,
 }
 
 /// The message of [`SpillError::PublishFailed`].

@@ -416,9 +416,9 @@ pub struct Metrics {
     pub compress_nanos: u64,
     /// Nanoseconds spent decompressing.
     pub decompress_nanos: u64,
-    /// Nanoseconds spent encrypting (0: encryption is not built yet).
+    /// Nanoseconds spent encrypting blocks (0 without `encryption`).
     pub encrypt_nanos: u64,
-    /// Nanoseconds spent decrypting (0: encryption is not built yet).
+    /// Nanoseconds spent decrypting blocks (0 without `encryption`).
     pub decrypt_nanos: u64,
 }
 
@@ -682,13 +682,13 @@ impl Metrics {
             (
                 "encrypt_nanos_total",
                 "counter",
-                "Nanoseconds spent encrypting (0: encryption is not built yet).",
+                "Nanoseconds spent encrypting blocks (0 without `encryption`).",
                 self.encrypt_nanos as f64,
             ),
             (
                 "decrypt_nanos_total",
                 "counter",
-                "Nanoseconds spent decrypting (0: encryption is not built yet).",
+                "Nanoseconds spent decrypting blocks (0 without `encryption`).",
                 self.decrypt_nanos as f64,
             ),
             (

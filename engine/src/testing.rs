@@ -94,6 +94,7 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
             stored,
             b.offset as u64,
             &counters,
+            None,
         ) {
             Ok(cb) => cb,
             Err(d) => {
@@ -132,7 +133,7 @@ pub fn encode_segment_blocks(
 ) -> Vec<u8> {
     use crate::format::block::{self, Binding, Codec};
     let mut v = Vec::from(crate::format::segment::encode_header(
-        segment, engine, generation,
+        segment, engine, generation, 0,
     ));
     let bind = Binding {
         segment,

@@ -22,6 +22,8 @@ per_backend!(
     damage_in_lz4_blocks_buffered,
     damage_in_zstd_blocks_direct_mapped,
     damage_in_auto_blocks_direct,
+    damage_in_encrypted_blocks_buffered,
+    damage_in_encrypted_lz4_blocks_direct_mapped,
 );
 
 const REC: usize = 1000;
@@ -123,15 +125,23 @@ fn damage_cases(
     mode: WriteMode,
     read_buffer_max: usize,
     compression: Compression,
+    encrypt: bool,
 ) {
     let text = compression != Compression::None;
+    // An encrypted block's tag takes the CRC's place: its damage is a failed authentication.
+    let bad_block = if encrypt {
+        "encrypted block fails authentication (damaged, moved, or of another key)"
+    } else {
+        "block checksum mismatch"
+    };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let engine = Engine::open(
         cfg(dir.path(), b)
             .mode(mode)
             .segment_size(64 << 10)
             .read_buffer_max(read_buffer_max)
-            .compression(compression),
+            .compression(compression)
+            .encryption(encrypt),
     )
     .unwrap();
     let (task, st) = spill(&engine, text);
@@ -156,7 +166,7 @@ fn damage_cases(
     let old = flip(&paths[1], at);
     let (good, err) = read_until_error(&st, text);
     assert_eq!(good, PER_SEGMENT);
-    assert_corrupt(&err, (1, HEADER), Some("block checksum mismatch"));
+    assert_corrupt(&err, (1, HEADER), Some(bad_block));
     assert!(
         err.to_string().contains(paths[1].to_str().unwrap()),
         "{err}"
@@ -172,7 +182,7 @@ fn damage_cases(
     restore(&paths[1], at, old);
 
     // 3. The block of segment 3 pasted over segment 2's (same place, same length when raw):
-    //    the checksum binds the segment number, so it is refused.
+    //    the checksum (or the tag's AAD) binds the segment number, so it is refused.
     let s3 = std::fs::read(&paths[3]).unwrap();
     let s2 = std::fs::read(&paths[2]).unwrap();
     let n = s2.len().min(s3.len());
@@ -227,31 +237,37 @@ fn damage_cases(
 }
 
 fn damage_is_reported_where_it_is_buffered(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::None);
+    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::None, false);
 }
 
 fn damage_is_reported_where_it_is_direct(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::None);
+    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::None, false);
 }
 
 fn damage_is_reported_where_it_is_buffered_and_mapped(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered, 0, Compression::None);
+    damage_cases(b, WriteMode::Buffered, 0, Compression::None, false);
 }
 
 fn damage_is_reported_where_it_is_direct_and_mapped(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 0, Compression::None);
+    damage_cases(b, WriteMode::Direct, 0, Compression::None, false);
 }
 
 fn damage_in_lz4_blocks_buffered(b: BackendKind) {
-    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::Lz4);
+    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::Lz4, false);
 }
 
 fn damage_in_zstd_blocks_direct_mapped(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 0, Compression::Zstd { level: 3 });
+    damage_cases(
+        b,
+        WriteMode::Direct,
+        0,
+        Compression::Zstd { level: 3 },
+        false,
+    );
 }
 
 fn damage_in_auto_blocks_direct(b: BackendKind) {
-    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::Auto);
+    damage_cases(b, WriteMode::Direct, 256 << 10, Compression::Auto, false);
 }
 
 /// The reader as an iterator yields every record in order, then ends; on a damaged segment it
@@ -294,4 +310,12 @@ fn the_reader_iterator_ends_after_its_first_error() {
     );
     drop((all, state, task));
     assert_clean(&engine, dir.path());
+}
+
+fn damage_in_encrypted_blocks_buffered(b: BackendKind) {
+    damage_cases(b, WriteMode::Buffered, 256 << 10, Compression::None, true);
+}
+
+fn damage_in_encrypted_lz4_blocks_direct_mapped(b: BackendKind) {
+    damage_cases(b, WriteMode::Direct, 0, Compression::Lz4, true);
 }

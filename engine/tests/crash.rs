@@ -30,7 +30,14 @@ fn crash_child() {
         _ => BackendKind::Uring,
     };
     // The pool on: the kill also leaves pooled files, which the next open must reclaim.
-    let engine = Engine::open(pooled_cfg(&root, backend).segment_size(64 << 10)).unwrap();
+    // Encrypted: the leftovers are ciphertext under a key that died with the process, and
+    // are swept all the same (the sweep deletes by name).
+    let engine = Engine::open(
+        pooled_cfg(&root, backend)
+            .segment_size(64 << 10)
+            .encryption(true),
+    )
+    .unwrap();
     let task = engine.task("doomed").unwrap();
     let mut states = Vec::new();
     for k in 0..3 {
@@ -107,6 +114,27 @@ fn a_killed_process_is_reclaimed_by_the_next_open(b: BackendKind) {
     child.wait().unwrap();
     let orphans = files_in(&child_dir);
     assert!(orphans.len() >= 4, "the child left {} files", orphans.len());
+    // Unreadable: every leftover with a whole header is refused as encrypted.
+    let mut refused = 0;
+    for p in &orphans {
+        match spillring::SegmentReader::open(p) {
+            Err(spillring::SpillError::Corrupt { detail, .. }) if detail.contains("encrypted") => {
+                refused += 1
+            }
+            Err(spillring::SpillError::Corrupt { offset: 0, .. }) => {}
+            Err(spillring::SpillError::Corrupt { detail, .. })
+                if detail.contains("truncated inside its header") => {}
+            other => panic!(
+                "{}: a killed encrypted engine's file read: {other:?}",
+                p.display()
+            ),
+        }
+    }
+    assert!(
+        refused >= 4,
+        "{refused} of {} refused as encrypted",
+        orphans.len()
+    );
 
     // The next open claims the dead directory at once and sweeps it in the background.
     let t = Instant::now();

@@ -5,16 +5,18 @@
 //! block header (64 bytes)
 //!   0  magic      b"SRB2"
 //!   4  codec      u8   0 raw, 1 lz4 (block format), 2 zstd
-//!   5  flags      u8   0 (bit 0 reserved for "encrypted")
+//!   5  flags      u8   bit 0: encrypted (see format/crypt.rs); other bits zero
 //!   6  reserved   2 zero bytes
 //!   8  stored     u64 LE  bytes of the block after this header, as written
 //!  16  raw        u64 LE  bytes of the records (frames included) once decoded
 //!  24  records    u32 LE  records in the block
 //!  28  pad        u32 LE  zero bytes after the stored bytes (direct mode: to 4 KiB)
-//!  32  reserved   16 zero bytes
+//!  32  nonce      u64 LE  encrypted: the block's nonce counter; otherwise zero
+//!  40  reserved   8 zero bytes
 //!  48  check      16 bytes: CRC-32C (u32 LE, then 12 zero bytes) of the binding
 //!                 (segment u32 LE, generation u32 LE, the block's file offset u64 LE),
-//!                 header bytes 0..48 and the stored bytes
+//!                 header bytes 0..48 and the stored bytes; encrypted: the AES-256-GCM tag
+//!                 over the stored bytes with binding + header bytes 0..48 as AAD
 //! records, once decoded: frames back to back
 //!   0  len        u32 LE  payload length
 //!   4  reserved   u32     zero
@@ -27,6 +29,7 @@
 
 use std::ops::Range;
 
+use super::crypt::BlockKey;
 use super::segment::{Damage, FRAME_LEN};
 
 /// Bytes of a block header.
@@ -35,6 +38,8 @@ pub const BLOCK_HEADER_LEN: usize = 64;
 pub const LARGE_PREFIX_LEN: usize = BLOCK_HEADER_LEN + FRAME_LEN;
 
 const BLOCK_MAGIC: &[u8; 4] = b"SRB2";
+/// Block flags bit: the stored bytes are AES-256-GCM ciphertext, the check field its tag.
+pub const FLAG_ENCRYPTED: u8 = 1;
 /// Blocks are padded to at most this alignment (direct mode's).
 const PAD_ALIGN: usize = 4096;
 
@@ -72,6 +77,8 @@ pub struct BlockHeader {
     pub records: u32,
     /// Zero bytes after the stored bytes.
     pub pad: u32,
+    /// Encrypted (flags bit 0): the check field is a GCM tag.
+    pub encrypted: bool,
 }
 
 /// Which segment and use a block belongs to, and where it lies: bound into its checksum.
@@ -83,7 +90,7 @@ pub struct Binding {
     pub generation: u32,
 }
 
-fn binding_bytes(b: Binding, offset: u64) -> [u8; 16] {
+pub(super) fn binding_bytes(b: Binding, offset: u64) -> [u8; 16] {
     let mut v = [0u8; 16];
     v[0..4].copy_from_slice(&b.segment.to_le_bytes());
     v[4..8].copy_from_slice(&b.generation.to_le_bytes());
@@ -153,6 +160,34 @@ pub fn encode_block_header(
     let mut s = BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad);
     s.update(stored);
     s.finish()
+}
+
+/// Seals a block whose stored bytes are `stored`: without a key, the header with its CRC-32C;
+/// with one, encrypts `stored` in place and returns the header with the flag, the nonce
+/// counter and the tag (see `format/crypt.rs`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn seal_in_place(
+    key: Option<&BlockKey>,
+    bind: Binding,
+    offset: u64,
+    codec: Codec,
+    raw: u64,
+    records: u32,
+    pad: u32,
+    stored: &mut [u8],
+) -> [u8; BLOCK_HEADER_LEN] {
+    let Some(key) = key else {
+        return encode_block_header(bind, offset, codec, raw, records, pad, stored);
+    };
+    let mut fields = header_fields(codec.id(), stored.len() as u64, raw, records, pad);
+    fields[5] = FLAG_ENCRYPTED;
+    let counter = key.next_counter();
+    fields[32..40].copy_from_slice(&counter.to_le_bytes());
+    let tag = key.seal(bind, offset, &fields, counter, stored);
+    let mut h = [0u8; BLOCK_HEADER_LEN];
+    h[..48].copy_from_slice(&fields);
+    h[48..].copy_from_slice(&tag);
+    h
 }
 
 /// The frame of a record of `len` payload bytes inside a block.
@@ -229,7 +264,7 @@ pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
     if codec > 2 {
         return Err("unknown block codec");
     }
-    if h[5] != 0 {
+    if h[5] & !FLAG_ENCRYPTED != 0 {
         return Err("unsupported block flags");
     }
     let u64_at = |i: usize| {
@@ -244,6 +279,7 @@ pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
         raw: u64_at(16),
         records: u32_at(24),
         pad: u32_at(28),
+        encrypted: h[5] & FLAG_ENCRYPTED != 0,
     };
     if header.pad as usize >= PAD_ALIGN {
         return Err("block padding too large");
@@ -266,6 +302,12 @@ pub fn check_block(buf: &[u8], b: &Block, bind: Binding) -> Result<(), Damage> {
 
 /// [`check_block`] for a header and stored bytes held apart (a reader without a map).
 pub fn check_parts(h: &[u8], stored: &[u8], bind: Binding, offset: u64) -> Result<(), Damage> {
+    if h[5] & FLAG_ENCRYPTED != 0 {
+        return Err(Damage {
+            offset,
+            detail: "encrypted block: only the engine holding its key can check and read it",
+        });
+    }
     let crc = crc32c::crc32c(&binding_bytes(bind, offset));
     let crc = crc32c::crc32c_append(crc, &h[..48]);
     let crc = crc32c::crc32c_append(crc, stored);

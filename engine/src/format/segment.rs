@@ -8,9 +8,9 @@
 //!  12  segment    u32 LE   segment number (the file's name)
 //!  16  engine     u64 LE   id of the engine that wrote it
 //!  24  generation u32 LE   which use of the file this is (a pooled file is reused)
-//!  28  flags      u8       0 (bit 0 reserved for "encrypted")
+//!  28  flags      u8       bit 0: encrypted (every block is; see format/crypt.rs)
 //!  29  reserved   3 zero bytes
-//!  32  key id     u64 LE   0 (reserved: the engine's key id / nonce prefix when encrypted)
+//!  32  key id     u64 LE   encrypted: the id of the engine's in-memory key; otherwise 0
 //!  40  reserved   20 zero bytes
 //!  60  crc        u32 LE   CRC-32C of bytes 0..60
 //! blocks, back to back (see format/block.rs): a 64-byte block header (codec, stored and raw
@@ -46,8 +46,17 @@ pub const VERSION: u16 = 2;
 
 const MAGIC: &[u8; 8] = b"SPILLRNG";
 
-/// The header of use `generation` of segment `segment`, written by engine `engine`.
-pub(crate) fn encode_header(segment: u32, engine: u64, generation: u32) -> [u8; HEADER_LEN] {
+/// Segment flags bit: the segment's blocks are encrypted under key `key_id`.
+pub const FLAG_ENCRYPTED: u8 = 1;
+
+/// The header of use `generation` of segment `segment`, written by engine `engine`; `key_id`
+/// nonzero for an encrypted segment (the id of the key its blocks are sealed with).
+pub(crate) fn encode_header(
+    segment: u32,
+    engine: u64,
+    generation: u32,
+    key_id: u64,
+) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..8].copy_from_slice(MAGIC);
     h[8..10].copy_from_slice(&VERSION.to_le_bytes());
@@ -55,6 +64,10 @@ pub(crate) fn encode_header(segment: u32, engine: u64, generation: u32) -> [u8; 
     h[12..16].copy_from_slice(&segment.to_le_bytes());
     h[16..24].copy_from_slice(&engine.to_le_bytes());
     h[24..28].copy_from_slice(&generation.to_le_bytes());
+    if key_id != 0 {
+        h[28] = FLAG_ENCRYPTED;
+        h[32..40].copy_from_slice(&key_id.to_le_bytes());
+    }
     let crc = crc32c::crc32c(&h[..60]);
     h[60..64].copy_from_slice(&crc.to_le_bytes());
     h
@@ -71,6 +84,9 @@ pub struct SegmentHeader {
     pub generation: u32,
     /// Format version.
     pub version: u16,
+    /// The id of the key the blocks are encrypted with (`None`: not encrypted). The key
+    /// itself lived only in the writing engine's memory.
+    pub key_id: Option<u64>,
 }
 
 /// Parses and checks a segment header. Used by readers and to classify a stray file.
@@ -95,9 +111,17 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
     if u16::from_le_bytes([buf[10], buf[11]]) as usize != HEADER_LEN {
         return Err("unexpected header length");
     }
-    if buf[28] != 0 {
-        return Err("unsupported segment flags (encrypted?)");
+    if buf[28] & !FLAG_ENCRYPTED != 0 {
+        return Err("unsupported segment flags");
     }
+    let key_id = u64::from_le_bytes([
+        buf[32], buf[33], buf[34], buf[35], buf[36], buf[37], buf[38], buf[39],
+    ]);
+    let key_id = match (buf[28] & FLAG_ENCRYPTED != 0, key_id) {
+        (false, 0) => None,
+        (true, id) if id != 0 => Some(id),
+        _ => return Err("segment flags and key id disagree"),
+    };
     Ok(SegmentHeader {
         segment: u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]),
         engine: u64::from_le_bytes([
@@ -105,6 +129,7 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
         ]),
         generation: u32::from_le_bytes([buf[24], buf[25], buf[26], buf[27]]),
         version,
+        key_id,
     })
 }
 
@@ -188,7 +213,7 @@ mod tests {
 
     #[test]
     fn header_round_trip_and_damage() {
-        let h = encode_header(7, 0xABCD, 42);
+        let h = encode_header(7, 0xABCD, 42, 0);
         let p = parse_header(&h).unwrap();
         assert_eq!(
             (p.segment, p.engine, p.generation, p.version),
@@ -200,10 +225,30 @@ mod tests {
         assert!(parse_header(&h[..10]).is_err());
     }
 
+    #[test]
+    fn an_encrypted_header_names_its_key_and_flags_must_agree() {
+        let h = encode_header(7, 0xABCD, 42, 0x1234);
+        let p = parse_header(&h).unwrap();
+        assert_eq!((h[28], p.key_id), (FLAG_ENCRYPTED, Some(0x1234)));
+        assert_eq!(
+            parse_header(&encode_header(7, 1, 0, 0)).unwrap().key_id,
+            None
+        );
+        // A flag without a key id (or the reverse), checksum valid: refused.
+        for (flags, id) in [(FLAG_ENCRYPTED, 0u64), (0, 5)] {
+            let mut h = encode_header(7, 1, 0, 0);
+            h[28] = flags;
+            h[32..40].copy_from_slice(&id.to_le_bytes());
+            let crc = crc32c::crc32c(&h[..60]);
+            h[60..64].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(parse_header(&h), Err("segment flags and key id disagree"));
+        }
+    }
+
     /// A version-1 header (valid checksum) is refused by name, never parsed as version 2.
     #[test]
     fn a_version_1_segment_is_refused_by_name() {
-        let mut h = encode_header(7, 1, 0);
+        let mut h = encode_header(7, 1, 0, 0);
         h[8..10].copy_from_slice(&1u16.to_le_bytes());
         let crc = crc32c::crc32c(&h[..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());

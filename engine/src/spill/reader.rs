@@ -43,6 +43,7 @@ use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
+use crate::format::crypt::BlockKey;
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper};
 use crate::metrics::Counters;
@@ -287,7 +288,14 @@ impl SpillReader {
                 segment: m.seg,
                 generation: m.generation,
             };
+            let key = self.grant.0.core().key.as_ref();
             let found = block::block_at(&m.bytes, m.off, m.end).and_then(|b| match b {
+                // An encrypted block is checked by its tag when it is decrypted.
+                Some(b) if b.header.encrypted && key.is_some() => Ok(Some(b)),
+                Some(b) if key.is_some() => Err(segment::Damage {
+                    offset: b.offset as u64,
+                    detail: "plaintext block in an encrypted engine's segment",
+                }),
                 Some(b) => block::check_block(&m.bytes, &b, bind).map(|()| Some(b)),
                 None => Ok(None),
             });
@@ -297,7 +305,11 @@ impl SpillReader {
                 Err(d) => return corrupt(m, d.offset, d.detail),
             };
             let stored = m.bytes.slice(b.stored.clone());
-            match CurBlock::decode(b.header, stored, b.offset as u64, c) {
+            let sealed = key.map(|k| {
+                let h = &m.bytes[b.offset..b.offset + BLOCK_HEADER_LEN];
+                (k, bind, h)
+            });
+            match CurBlock::decode(b.header, stored, b.offset as u64, c, sealed) {
                 Ok(cb) => {
                     m.off = b.next;
                     m.block = Some(cb);
@@ -409,6 +421,17 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
     };
     drop(file);
     let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;
+    match (hdr.key_id, core.key_id()) {
+        (None, 0) => {}
+        (Some(k), id) if k == id => {}
+        (Some(_), _) => {
+            return Err(corrupt(
+                0,
+                "segment encrypted by another engine (its key died with it)",
+            ));
+        }
+        (None, _) => return Err(corrupt(0, "plaintext segment in an encrypted engine")),
+    }
     if hdr.segment != seg || hdr.engine != core.id {
         return Err(corrupt(0, "header names another segment or engine"));
     }
@@ -490,19 +513,37 @@ pub(crate) struct CurBlock {
 }
 
 impl CurBlock {
-    /// Decodes a block whose checksum was checked: `stored` are its stored bytes.
+    /// Decodes a block whose checksum was checked (a plaintext block), or, with `sealed`
+    /// (the engine's key, the block's binding and its 64 header bytes), decrypts and checks
+    /// an encrypted one into a pooled buffer first: `stored` are its stored bytes.
     pub(crate) fn decode(
         h: BlockHeader,
         stored: Bytes,
         offset: u64,
         c: &crate::metrics::Counters,
+        sealed: Option<(&BlockKey, Binding, &[u8])>,
     ) -> std::result::Result<Self, &'static str> {
+        if h.codec != 0 && h.raw > MAX_DECODED {
+            return Err("compressed block claims a decoded length past 1 GiB");
+        }
+        let stored = match (h.encrypted, sealed) {
+            (false, None) => stored,
+            (true, Some((key, bind, header))) => {
+                let t = std::time::Instant::now();
+                let mut plain = DECODE_POOL.take(stored.len());
+                plain.as_mut_slice().copy_from_slice(&stored);
+                key.open(bind, offset, header, plain.as_mut_slice())?;
+                Counters::add(&c.decrypt_nanos, t.elapsed().as_nanos() as u64);
+                Bytes::from_owner(plain)
+            }
+            (true, None) => {
+                return Err("encrypted block: only the engine holding its key can read it");
+            }
+            (false, Some(_)) => return Err("plaintext block in an encrypted engine's segment"),
+        };
         let data = if h.codec == 0 {
             stored
         } else {
-            if h.raw > MAX_DECODED {
-                return Err("compressed block claims a decoded length past 1 GiB");
-            }
             let t = std::time::Instant::now();
             let mut out = DECODE_POOL.take(h.raw as usize);
             block::decompress(h.codec, &stored, out.as_mut_slice())?;

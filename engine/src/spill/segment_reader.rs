@@ -108,6 +108,14 @@ impl SegmentReader {
             ));
         }
         let header = segment::parse_header(&head).map_err(|d| corrupt(&path, 0, 0, d))?;
+        if header.key_id.is_some() {
+            return Err(corrupt(
+                &path,
+                header.segment,
+                0,
+                "segment is encrypted: its key lived only in the memory of the engine that wrote it",
+            ));
+        }
         Ok(SegmentReader {
             file,
             path,
@@ -207,7 +215,8 @@ impl SegmentReader {
         if got < pad.len() {
             return Err(bad("segment truncated inside a block's padding"));
         }
-        let cb = CurBlock::decode(h, Bytes::from(stored), off, &self.counters).map_err(bad)?;
+        let cb =
+            CurBlock::decode(h, Bytes::from(stored), off, &self.counters, None).map_err(bad)?;
         self.off = off + BLOCK_HEADER_LEN as u64 + h.stored + u64::from(h.pad);
         self.block = Some(cb);
         Ok(true)

@@ -165,6 +165,8 @@ impl SpilledState {
     /// - [`SpillError::PublishFailed`]: a name is taken (`EEXIST`), or a rename or the
     ///   preparation of a file failed; it carries the paths involved.
     /// - [`SpillError::PublishCrossesFilesystems`]: `dest` is on another filesystem (`EXDEV`).
+    /// - [`SpillError::PublishEncrypted`]: the engine encrypts (`EngineConfig::encryption`);
+    ///   its files could not be read outside it. Nothing is moved.
     /// - [`SpillError::StateShared`]: a reader or a clone of the state is alive: publish needs
     ///   the only grant (drop them and call again).
     /// - [`SpillError::InvalidName`] (a bad prefix, or `dest` is the engine's own directory),
@@ -196,6 +198,9 @@ impl SpilledState {
         opts: PublishOptions,
     ) -> Result<Vec<PathBuf>> {
         let inner = self.inner();
+        if inner.core().key.is_some() {
+            return Err(SpillError::PublishEncrypted);
+        }
         check_prefix(prefix)?;
         if opts.mode & !0o777 != 0 {
             return Err(SpillError::InvalidConfig(format!(

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use super::rotate::trimmed_len;
 use super::{SpillWriter, Wait, blocking};
 use crate::config::{Compression, DIRECT_ALIGN};
+use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockSeal, Codec, LARGE_PREFIX_LEN};
@@ -230,7 +231,12 @@ impl SpillWriter {
         if !p.planned {
             // With a codec, a record that fits a block goes into one (to be compressed) rather
             // than out as a vectored raw write.
-            if p.vectored && !matches!(self.codec.mode, Compression::None) && self.fits_block(len) {
+            // So does every such record when encrypting (a vectored write is the caller's
+            // plaintext).
+            if p.vectored
+                && (!matches!(self.codec.mode, Compression::None) || self.core.key.is_some())
+                && self.fits_block(len)
+            {
                 p.vectored = false;
             }
             p.large = p.vectored || !self.fits_block(len);
@@ -261,12 +267,16 @@ impl SpillWriter {
             let offset = seg.logical;
             // No padding: the block may end mid-buffer, and the next one starts there.
             p.pad = 0;
-            p.prefix = Some(large_prefix(
-                seg_binding(seg.segment, seg.generation),
-                offset,
-                &p.rec,
-                p.pad,
-            ));
+            let bind = seg_binding(seg.segment, seg.generation);
+            if self.core.key.is_some() {
+                // Encrypted: the record's ciphertext (an owned copy, the one allocation of an
+                // encrypted large record) replaces it; its length is the same.
+                let (prefix, ct) = large_encrypted(&self.core, bind, offset, &p.rec);
+                p.prefix = Some(prefix);
+                p.rec = ct;
+            } else {
+                p.prefix = Some(large_prefix(bind, offset, &p.rec, p.pad));
+            }
         }
         let Some(prefix) = p.prefix else {
             return Poll::Ready(Err(SpillError::WriterFailed));
@@ -352,12 +362,14 @@ impl SpillWriter {
         let Some(seg) = self.seg.as_ref() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
-        let prefix = large_prefix(
-            seg_binding(seg.segment, seg.generation),
-            seg.logical,
-            rec,
-            0,
-        );
+        let bind = seg_binding(seg.segment, seg.generation);
+        let (prefix, ct) = if self.core.key.is_some() {
+            let (p, ct) = large_encrypted(&self.core, bind, seg.logical, rec);
+            (p, Some(ct))
+        } else {
+            (large_prefix(bind, seg.logical, rec, 0), None)
+        };
+        let rec = ct.as_deref().unwrap_or(rec);
         let total = LARGE_PREFIX_LEN + rec.len();
         let mut done = 0;
         while done < total {
@@ -409,10 +421,15 @@ impl SpillWriter {
                 // buffer (direct mode: no unaligned write of the partial buffer).
                 return Poll::Ready(Ok(false));
             }
-            if matches!(self.codec.mode, Compression::None) && buf.remaining() > 0 {
+            if matches!(self.codec.mode, Compression::None)
+                && self.core.key.is_none()
+                && buf.remaining() > 0
+            {
                 // Raw blocks are sealed where they stand, and the record becomes a block of
                 // its own that continues into the next buffer: no tail of the buffer is lost
-                // (nor padded in direct mode).
+                // (nor padded in direct mode). Not when encrypting: a block of its own would
+                // be encrypted through an owned copy of the record (an allocation per
+                // buffer); the buffer is written instead, like a compressed block's.
                 self.close_raw_block_in_place();
                 return Poll::Ready(Ok(false));
             }
@@ -444,14 +461,16 @@ impl SpillWriter {
         };
         let body = ob.at + BLOCK_HEADER_LEN;
         let raw_len = buf.len - body;
-        let header = block::encode_block_header(
+        let end = buf.len;
+        let header = seal_in_place(
+            &self.core,
             seg_binding(seg.segment, seg.generation),
             seg.staged_at + ob.at as u64,
             Codec::Raw,
             raw_len as u64,
             ob.records,
             0,
-            &buf.filled()[body..],
+            &mut buf.space()[body..end],
         );
         buf.space()[ob.at..body].copy_from_slice(&header);
         let n = (BLOCK_HEADER_LEN + raw_len) as u64;
@@ -535,18 +554,17 @@ impl SpillWriter {
         } else {
             0
         };
-        let header = {
-            let stored = &w.filled()[body..];
-            block::encode_block_header(
-                bind,
-                offset,
-                codec,
-                raw_len as u64,
-                ob.records,
-                padn as u32,
-                stored,
-            )
-        };
+        let end = w.len;
+        let header = seal_in_place(
+            &self.core,
+            bind,
+            offset,
+            codec,
+            raw_len as u64,
+            ob.records,
+            padn as u32,
+            &mut w.space()[body..end],
+        );
         w.space()[ob.at..body].copy_from_slice(&header);
         let at = w.len;
         w.space()[at..at + padn].fill(0);
@@ -982,6 +1000,47 @@ fn large_prefix(bind: Binding, offset: u64, rec: &[u8], pad: usize) -> [u8; LARG
     p[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
     p[BLOCK_HEADER_LEN..].copy_from_slice(&frame);
     p
+}
+
+/// Seals a block (see [`block::seal_in_place`]) with the engine's key if it has one, counting
+/// the nanoseconds spent encrypting.
+#[allow(clippy::too_many_arguments)]
+fn seal_in_place(
+    core: &Core,
+    bind: Binding,
+    offset: u64,
+    codec: Codec,
+    raw: u64,
+    records: u32,
+    pad: u32,
+    stored: &mut [u8],
+) -> [u8; BLOCK_HEADER_LEN] {
+    let Some(key) = core.key.as_ref() else {
+        return block::encode_block_header(bind, offset, codec, raw, records, pad, stored);
+    };
+    let t = Instant::now();
+    let h = block::seal_in_place(Some(key), bind, offset, codec, raw, records, pad, stored);
+    Counters::add(&core.counters.encrypt_nanos, t.elapsed().as_nanos() as u64);
+    h
+}
+
+/// Block header + the first `FRAME_LEN` ciphertext bytes, and the rest of the ciphertext, of a
+/// record that is an encrypted raw block of its own at `offset` (no padding).
+fn large_encrypted(
+    core: &Core,
+    bind: Binding,
+    offset: u64,
+    rec: &[u8],
+) -> ([u8; LARGE_PREFIX_LEN], Bytes) {
+    let mut ct = Vec::with_capacity(FRAME_LEN + rec.len());
+    ct.extend_from_slice(&block::record_frame(rec.len()));
+    ct.extend_from_slice(rec);
+    let raw = ct.len() as u64;
+    let h = seal_in_place(core, bind, offset, Codec::Raw, raw, 1, 0, &mut ct);
+    let mut p = [0u8; LARGE_PREFIX_LEN];
+    p[..BLOCK_HEADER_LEN].copy_from_slice(&h);
+    p[BLOCK_HEADER_LEN..].copy_from_slice(&ct[..FRAME_LEN]);
+    (p, Bytes::from(ct).slice(FRAME_LEN..))
 }
 
 /// Compresses a sample with `codec`, timed: `None` if it does not shrink.

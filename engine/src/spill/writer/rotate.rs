@@ -164,7 +164,12 @@ impl SpillWriter {
                 .get_blocking(HEADER_LEN, false)
                 .map_err(short_error)?,
         };
-        buf.push(&segment::encode_header(o.seg, self.core.id, o.generation));
+        buf.push(&segment::encode_header(
+            o.seg,
+            self.core.id,
+            o.generation,
+            self.core.key_id(),
+        ));
         self.staging = Some(buf);
         if !self.span.is_disabled() {
             let n = self.shared.files.lock().entries.len() as u64;
