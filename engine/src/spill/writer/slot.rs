@@ -8,7 +8,7 @@ use super::{SpillWriter, Wait, blocking, check_len};
 use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN};
 use crate::format::segment::{self, FRAME_LEN};
-use crate::io::Short;
+use crate::io::{Short, Take};
 
 /// A record filled in place, in the writer's staging buffer: the bytes the caller writes here
 /// are the bytes that go to disk, with no copy. Made by [`SpillWriter::record`]; `commit`
@@ -148,16 +148,31 @@ impl SpillWriter {
     }
 
     /// The slot in the staging buffer, taking a buffer if the writer has none.
-    fn in_place_slot(&mut self, len: usize, started: Instant) -> Result<RecordSlot<'_>> {
+    /// `in_poll`: called from `record_async`'s poll, which must not block: a buffer that would
+    /// have to be mapped (an `mmap`, waiting for the process's mmap lock) or a busy pool lock
+    /// makes the record an owned slot instead, whose `commit_async` maps off the thread.
+    fn in_place_slot(
+        &mut self,
+        len: usize,
+        started: Instant,
+        in_poll: bool,
+    ) -> Result<RecordSlot<'_>> {
         if self.staging.is_none() {
             // Under the buffer budget without waiting: a buffer too small, or none free, and
             // the record is an owned slot, whose commit waits (or fails) like a write.
-            match self
-                .core
-                .io
-                .pool()
-                .try_get(BLOCK_HEADER_LEN + FRAME_LEN + len)
-            {
+            let pool = self.core.io.pool();
+            let need = BLOCK_HEADER_LEN + FRAME_LEN + len;
+            let got = if in_poll {
+                match pool.try_take_now(need) {
+                    Some(Ok(Take::Free(b))) => Ok(b),
+                    // Dropping the mapping gives its bytes back to the budget.
+                    Some(Ok(Take::Map(_))) | None => return Ok(self.owned_slot(len)),
+                    Some(Err(e)) => Err(e),
+                }
+            } else {
+                pool.try_get(need)
+            };
+            match got {
                 Ok(b) if b.remaining() >= BLOCK_HEADER_LEN + FRAME_LEN + len => {
                     self.staging = Some(b)
                 }
@@ -197,7 +212,7 @@ impl SpillWriter {
         if !self.settle(r)? {
             return Ok(self.owned_slot(len));
         }
-        self.in_place_slot(len, started)
+        self.in_place_slot(len, started, true)
     }
 
     /// A slot of `len` bytes for the caller to fill in place (serialise a row batch straight
@@ -218,6 +233,6 @@ impl SpillWriter {
         if !self.settle(r)? {
             return Ok(self.owned_slot(len));
         }
-        self.in_place_slot(len, started)
+        self.in_place_slot(len, started, false)
     }
 }
