@@ -29,6 +29,10 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
+/// Looks at the queue before a consumer parks: `SPIN_STEPS` with doubling spins, then yields.
+const SNOOZE_STEPS: u32 = 11;
+const SPIN_STEPS: u32 = 7;
+
 /// Slots of an unbounded queue's array (past them, items go to its overflow channel).
 const UNBOUNDED_ARRAY: usize = 1024;
 
@@ -147,6 +151,23 @@ impl<T> Handoff<T> {
         let idle = &self.idle[me];
         idle.thread.get_or_init(std::thread::current);
         loop {
+            // Look again for a while before announcing idle (spin, then yield, as crossbeam's
+            // blocking `recv` does): items often come in bursts (a spill cycle hands the
+            // reaper a close and an unmap microseconds apart), and a consumer still looking
+            // needs no wake. Every wake is a `FUTEX_WAKE` and an IPI on the pusher's thread:
+            // 19% of the caller's samples in a 4 KiB spill cycle when consumers parked at once.
+            for step in 0..SNOOZE_STEPS {
+                if let Some(v) = self.steal() {
+                    return Some(v);
+                }
+                if step < SPIN_STEPS {
+                    for _ in 0..1u32 << step {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::yield_now();
+                }
+            }
             if let Some(v) = self.steal() {
                 return Some(v);
             }
