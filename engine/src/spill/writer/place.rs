@@ -1015,12 +1015,20 @@ fn seal_in_place(
     pad: u32,
     stored: &mut [u8],
 ) -> [u8; BLOCK_HEADER_LEN] {
-    let Some(key) = core.key.as_ref() else {
-        return block::encode_block_header(bind, offset, codec, raw, records, pad, stored);
-    };
-    let t = Instant::now();
-    let h = block::seal_in_place(Some(key), bind, offset, codec, raw, records, pad, stored);
-    Counters::add(&core.counters.encrypt_nanos, t.elapsed().as_nanos() as u64);
+    let t = core.key.is_some().then(Instant::now);
+    let h = block::seal_in_place(
+        core.key.as_ref(),
+        bind,
+        offset,
+        codec,
+        raw,
+        records,
+        pad,
+        stored,
+    );
+    if let Some(t) = t {
+        Counters::add(&core.counters.encrypt_nanos, t.elapsed().as_nanos() as u64);
+    }
     h
 }
 
