@@ -29,6 +29,7 @@
 
 use std::ops::Range;
 
+use super::crc;
 use super::crypt::BlockKey;
 use super::segment::{Damage, FRAME_LEN};
 
@@ -129,14 +130,14 @@ impl BlockSeal {
         pad: u32,
     ) -> Self {
         let fields = header_fields(codec.id(), stored, raw, records, pad);
-        let crc = crc32c::crc32c(&binding_bytes(bind, offset));
-        let crc = crc32c::crc32c_append(crc, &fields);
+        let crc = crc::crc32c(&binding_bytes(bind, offset));
+        let crc = crc::crc32c_append(crc, &fields);
         BlockSeal { fields, crc }
     }
 
     #[inline]
     pub(crate) fn update(&mut self, stored: &[u8]) {
-        self.crc = crc32c::crc32c_append(self.crc, stored);
+        self.crc = crc::crc32c_append(self.crc, stored);
     }
 
     pub(crate) fn finish(self) -> [u8; BLOCK_HEADER_LEN] {
@@ -308,9 +309,9 @@ pub fn check_parts(h: &[u8], stored: &[u8], bind: Binding, offset: u64) -> Resul
             detail: "encrypted block: only the engine holding its key can check and read it",
         });
     }
-    let crc = crc32c::crc32c(&binding_bytes(bind, offset));
-    let crc = crc32c::crc32c_append(crc, &h[..48]);
-    let crc = crc32c::crc32c_append(crc, stored);
+    let crc = crc::crc32c(&binding_bytes(bind, offset));
+    let crc = crc::crc32c_append(crc, &h[..48]);
+    let crc = crc::crc32c_append(crc, stored);
     let want = u32::from_le_bytes([h[48], h[49], h[50], h[51]]);
     if crc != want || h[52..64].iter().any(|&x| x != 0) {
         return Err(Damage {

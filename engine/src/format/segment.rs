@@ -35,6 +35,8 @@
 
 use std::fmt::Write as _;
 
+use super::crc;
+
 /// Bytes of the segment header.
 pub const HEADER_LEN: usize = 64;
 /// Bytes of a record's frame inside a block (length, 4 reserved zero bytes).
@@ -68,7 +70,7 @@ pub(crate) fn encode_header(
         h[28] = FLAG_ENCRYPTED;
         h[32..40].copy_from_slice(&key_id.to_le_bytes());
     }
-    let crc = crc32c::crc32c(&h[..60]);
+    let crc = crc::crc32c(&h[..60]);
     h[60..64].copy_from_slice(&crc.to_le_bytes());
     h
 }
@@ -98,7 +100,7 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
         return Err("bad magic: not a spillring segment");
     }
     let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
-    if crc32c::crc32c(&buf[..60]) != stored {
+    if crc::crc32c(&buf[..60]) != stored {
         return Err("header checksum mismatch");
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
@@ -239,7 +241,7 @@ mod tests {
             let mut h = encode_header(7, 1, 0, 0);
             h[28] = flags;
             h[32..40].copy_from_slice(&id.to_le_bytes());
-            let crc = crc32c::crc32c(&h[..60]);
+            let crc = crc::crc32c(&h[..60]);
             h[60..64].copy_from_slice(&crc.to_le_bytes());
             assert_eq!(parse_header(&h), Err("segment flags and key id disagree"));
         }
@@ -250,7 +252,7 @@ mod tests {
     fn a_version_1_segment_is_refused_by_name() {
         let mut h = encode_header(7, 1, 0, 0);
         h[8..10].copy_from_slice(&1u16.to_le_bytes());
-        let crc = crc32c::crc32c(&h[..60]);
+        let crc = crc::crc32c(&h[..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             parse_header(&h),
