@@ -179,7 +179,7 @@ const DEFAULT_IO_BUFFER_SIZE: usize = 1 << 20;
 pub const DEFAULT_MAX_BUFFER_MEMORY: usize = 128 << 20;
 /// Largest accepted `max_buffer_memory`.
 const MAX_BUFFER_MEMORY: usize = 1 << 40;
-/// Default bound on the segment fds open writers hold.
+/// Default bound on the segment fds the engine holds (open writers', sealed segments' kept fds).
 const DEFAULT_MAX_OPEN_FILES: usize = 1024;
 /// Largest accepted `max_open_files`.
 pub const MAX_OPEN_FILES: usize = 1 << 20;
@@ -415,13 +415,15 @@ impl EngineConfig {
         self
     }
 
-    /// Most segment fds the engine's open writers hold at once, over every backend. An open
-    /// writer whose fd is idle (no write in flight) may lose it to this bound (least recently
-    /// used first) and reopens its segment by name when it next writes; when every fd is busy,
-    /// a writer that needs one waits until a write completes. When the OS has no descriptor
-    /// left (EMFILE/ENFILE, e.g. a soft `RLIMIT_NOFILE` below this bound), the engine closes an
-    /// idle fd of its own and retries; with none it can close, the call fails with
-    /// [`SpillError::TooManyOpenFiles`]. Held states and readers hold no fd between reads.
+    /// Most segment fds the engine holds at once, over every backend: open writers' fds, and
+    /// the fds sealed segments keep (a finished segment keeps its writer's fd, which its
+    /// reader and, once the file is in the segment pool, the next writer use instead of
+    /// opening it by name). An idle fd (no write or read in flight) may be closed for another
+    /// (least recently used first): a writer reopens its segment by name when it next writes,
+    /// a reader opens it by name. When every fd is busy, a writer that needs one waits until a
+    /// write completes. When the OS has no descriptor left (EMFILE/ENFILE, e.g. a soft
+    /// `RLIMIT_NOFILE` below this bound), the engine closes an idle fd of its own and retries;
+    /// with none it can close, the call fails with [`SpillError::TooManyOpenFiles`].
     /// Default 1,024. Bounds: 1..=1,048,576.
     pub fn max_open_files(mut self, n: usize) -> Self {
         self.max_open_files = n;

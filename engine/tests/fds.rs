@@ -26,6 +26,7 @@ per_backend!(
     cancels_racing_reopens_leave_nothing_and_never_say_not_found,
     a_cancel_under_a_reopen_is_aborted_and_deletes_once,
     ten_thousand_open_spills_under_a_lowered_nofile_limit,
+    sealed_segments_keep_their_fds_within_the_bound_and_close_them_with_their_deletes,
 );
 
 fn open_fds() -> usize {
@@ -221,6 +222,73 @@ fn eviction_and_reopen_keep_every_record_in_both_modes(b: BackendKind) {
         }
         drop(states);
         task.close();
+        assert_clean(&engine, dir.path());
+    }
+}
+
+/// Fds open in this process that point into `dir` (deleted files included).
+fn fds_into(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.starts_with(dir))
+        .count()
+}
+
+/// A sealed segment keeps its writer's fd (its reader and the pool's next writer use it, no
+/// open by name), inside the same `max_open_files` bound: states whose fds the bound closed
+/// read by name. Every kept fd closes with its file's delete, so no deleted file stays open
+/// (its blocks would stay allocated).
+fn sealed_segments_keep_their_fds_within_the_bound_and_close_them_with_their_deletes(
+    b: BackendKind,
+) {
+    for mode in [WriteMode::Buffered, WriteMode::Direct] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(
+            cfg(dir.path(), b)
+                .mode(mode)
+                .segment_size(64 << 10)
+                .max_open_files(3),
+        )
+        .unwrap();
+        warm(&engine);
+        // The engine's own directory fds under the root.
+        let base = fds_into(dir.path());
+        let task = engine.task("kept").unwrap();
+        let states: Vec<_> = (0..8u64)
+            .map(|s| {
+                let mut w = task.writer().unwrap();
+                // Two segments each.
+                for k in 0..2 {
+                    w.write(Bytes::from(record(s * 2 + k, 40 << 10))).unwrap();
+                }
+                let st = w.finish().unwrap();
+                assert_eq!(st.segments(), 2);
+                st
+            })
+            .collect();
+        let kept = fds_into(dir.path()) - base;
+        assert!(
+            (1..=3).contains(&kept),
+            "{mode:?}: {kept} fds kept by 16 sealed segments, bound 3"
+        );
+        for (s, st) in states.iter().enumerate() {
+            let recs: Vec<_> = st.reader().unwrap().map(|r| r.unwrap()).collect();
+            assert_eq!(recs.len(), 2, "{mode:?} state {s}");
+            for (k, r) in recs.iter().enumerate() {
+                assert_eq!(&r[..], &record(s as u64 * 2 + k as u64, 40 << 10)[..]);
+            }
+            assert!(fds_into(dir.path()) - base <= 3, "{mode:?}: past the bound");
+        }
+        drop(states);
+        // The released files went to the pool with their fds (within the bound); trimming it
+        // deletes them, and their fds close.
+        assert!(engine.settle(Duration::from_secs(10)));
+        engine.trim_pool();
+        task.close();
+        assert!(engine.settle(Duration::from_secs(10)));
+        let left = fds_into(dir.path()) - base;
+        assert_eq!(left, 0, "{mode:?}: fds of deleted files stay open");
         assert_clean(&engine, dir.path());
     }
 }

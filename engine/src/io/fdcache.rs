@@ -1,4 +1,6 @@
-//! The fd cache: an engine-wide bound (`max_open_files`) on the segment fds that writers hold.
+//! The fd cache: an engine-wide bound (`max_open_files`) on the segment fds the engine holds:
+//! writers' fds, and the fds sealed segments keep from their writers (`SegmentEntry::file`:
+//! their readers and the segment pool's next writer use them instead of an open by name).
 //!
 //! Every segment fd a writer opens is counted by a [`FdPermit`], taken before the open and
 //! held by the fd's [`FileHandle`] until it drops (the count is the number of counted
@@ -301,7 +303,8 @@ fn is_out_of_fds(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
 }
 
-/// A writer's segment fd, which the cache may close while it is idle.
+/// A segment fd (a writer's, or kept with its sealed segment), which the cache may close while
+/// it is idle.
 pub(crate) struct CachedFile {
     slot: Arc<Slot>,
     cache: Arc<FdCache>,

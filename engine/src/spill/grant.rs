@@ -172,6 +172,16 @@ impl<T> Grants<T> {
     }
 }
 
+/// Where a state's segment is, for its reader.
+pub(crate) struct SegmentAt {
+    pub(crate) dir: Arc<TaskDir>,
+    pub(crate) seg: u32,
+    pub(crate) len: u64,
+    pub(crate) generation: u32,
+    /// The writer's fd, kept with the file (buffered mode), if still open.
+    pub(crate) fd: Option<Arc<crate::io::FileHandle>>,
+}
+
 /// What a state's handles share: its files under their [`Grants`], and where to hand them back.
 pub(crate) struct StateInner {
     core: Arc<Core>,
@@ -261,10 +271,18 @@ impl StateInner {
 
     /// Where segment `i` is, its written length and its generation; `None` once the files
     /// are gone.
-    pub(crate) fn segment(&self, i: usize) -> Option<(Arc<TaskDir>, u32, u64, u32)> {
+    /// Segment `i`: its directory, number, written length, generation, and the fd its writer
+    /// left with it if that is still open and fit for plain reads (not `O_DIRECT`).
+    pub(crate) fn segment(&self, i: usize) -> Option<SegmentAt> {
+        let plain = self.core().cfg.mode != crate::config::WriteMode::Direct;
         self.files.with_entries(|es| {
-            es.get(i)
-                .map(|e| (e.dir.clone(), e.seg, e.len, e.generation))
+            es.get(i).map(|e| SegmentAt {
+                dir: e.dir.clone(),
+                seg: e.seg,
+                len: e.len,
+                generation: e.generation,
+                fd: if plain { e.kept_fd() } else { None },
+            })
         })
     }
 

@@ -32,8 +32,7 @@
 //! with plain `read` instead of through the engine.
 
 use std::future::poll_fn;
-use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -45,9 +44,9 @@ use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::crypt::BlockKey;
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper};
+use crate::io::{DECODE_POOL, FileHandle, Offloaded, Reaped, Reaper};
 use crate::metrics::Counters;
-use crate::spill::grant::{Grant, StateInner, open_error};
+use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
 use crate::store::dir::TaskDir;
 
 /// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
@@ -348,9 +347,16 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         return Err(SpillError::Aborted);
     }
     // Gone only through an abort: a reader's grant keeps the files otherwise.
-    let Some((dir, seg, written, generation)) = state.segment(i) else {
+    let Some(at) = state.segment(i) else {
         return Err(SpillError::Aborted);
     };
+    let SegmentAt {
+        dir,
+        seg,
+        len: written,
+        generation,
+        fd: kept,
+    } = at;
     let name = SegmentFileName::new(seg);
     let path = || dir.path.join(name.as_str());
     let task_plan = state.task().and_then(|t| t.fault_plan());
@@ -359,16 +365,24 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         &state.core().fault,
         crate::fault::FaultPoint::ReaderOpen,
     );
-    // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
-    let opened = state
-        .core()
-        .io
-        .fds()
-        .open_with(|| crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()));
-    let fd = match opened {
-        Ok(fd) => fd,
-        Err(e) => {
-            return Err(open_error(state, path(), e));
+    // The fd the writer left with the file (held here, so the fd bound cannot close it
+    // under the read), or the file opened by name.
+    let file = match kept {
+        // A cancel since the check above deleted the file: its fd still reads it, but the
+        // state is gone (an open by name finds no file then).
+        Some(_) if state.is_aborted() => return Err(SpillError::Aborted),
+        Some(h) => SegmentFd::Kept(h),
+        None => {
+            // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
+            let opened = state
+                .core()
+                .io
+                .fds()
+                .open_with(|| crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()));
+            match opened {
+                Ok(fd) => SegmentFd::Opened(fd),
+                Err(e) => return Err(open_error(state, path(), e)),
+            }
         }
     };
     let corrupt = |offset, detail| SpillError::Corrupt {
@@ -377,22 +391,19 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         offset,
         detail,
     };
-    let file = std::fs::File::from(fd);
     let end = usize::try_from(written)
         .map_err(|_| corrupt(0, "segment larger than the address space"))?;
     let core = state.core();
     // A truncated file is read (or mapped) as far as it goes: records before the cut are
     // returned, the one crossing it is reported at its offset.
     let bytes = if end <= core.cfg.read_buffer_max {
-        read_small(core, &file, end).map_err(|e| match e {
+        read_small(core, file.as_fd(), end).map_err(|e| match e {
             ReadSmall::Io(e) => SpillError::io("read", path(), e),
             ReadSmall::Short(got) => corrupt(got as u64, "segment truncated inside its header"),
         })?
     } else {
-        let size = file
-            .metadata()
-            .map_err(|e| SpillError::io("stat", path(), e))?
-            .len();
+        let size = crate::sys::fs::file_size(file.as_fd())
+            .map_err(|e| SpillError::io("stat", path(), e))?;
         let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
         if len < HEADER_LEN {
             return Err(corrupt(size, "segment truncated inside its header"));
@@ -460,6 +471,22 @@ fn touch_pages(map: &[u8]) {
     std::hint::black_box(acc);
 }
 
+/// A segment's fd for one open: the writer's, kept with the file, or one opened here (closed
+/// when the open is done: a map needs no fd).
+enum SegmentFd {
+    Kept(Arc<FileHandle>),
+    Opened(OwnedFd),
+}
+
+impl AsFd for SegmentFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            SegmentFd::Kept(h) => h.as_fd(),
+            SegmentFd::Opened(fd) => fd.as_fd(),
+        }
+    }
+}
+
 /// Why [`read_small`] failed.
 enum ReadSmall {
     Io(std::io::Error),
@@ -472,7 +499,7 @@ enum ReadSmall {
 /// read is a truncated file (no fstat).
 fn read_small(
     core: &crate::core::Core,
-    file: &std::fs::File,
+    file: BorrowedFd<'_>,
     end: usize,
 ) -> std::result::Result<Bytes, ReadSmall> {
     let mut buf = core.read_bufs.take(end);
@@ -485,10 +512,10 @@ fn read_small(
 }
 
 /// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.
-fn read_up_to(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_up_to(file: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
-        match file.read_at(&mut buf[got..], got as u64) {
+        match crate::sys::rw::pread(file, &mut buf[got..], got as u64) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

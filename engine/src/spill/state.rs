@@ -212,7 +212,13 @@ impl SpilledState {
         let targets: Vec<Target> = (0..inner.segments)
             .map(|i| Target::new(dest, prefix, i))
             .collect::<Result<_>>()?;
-        let entries = inner.files.begin_publish()?;
+        let mut entries = inner.files.begin_publish()?;
+        // Files may leave our directories now: no engine path may use an fd kept with one
+        // after (a reader would read, and a pooled reuse write, a file the caller was given).
+        // From here the state's files are opened by name.
+        for e in &mut entries {
+            drop(e.file.take());
+        }
         let core = inner.core().clone();
         let task_plan = inner.task().and_then(|t| t.fault_plan());
         let _ = crate::fault::check2(

@@ -45,13 +45,14 @@ pub(crate) fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
 }
 
-/// Creates a new private (0600) segment file; fails if the name exists or is a symlink.
+/// Creates a new private (0600) segment file; fails if the name exists or is a symlink. Open
+/// for reading too: in buffered mode the fd stays with the sealed segment for its reader.
 pub(crate) fn create_file_at(
     dir: BorrowedFd<'_>,
     name: &CStr,
     direct: bool,
 ) -> io::Result<OwnedFd> {
-    let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+    let mut flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
     if direct {
         flags |= OFlags::DIRECT;
     }
@@ -63,13 +64,14 @@ pub(crate) fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Owne
     fs::openat(dir, name, OFlags::WRONLY | OFlags::NOFOLLOW, Mode::empty())
 }
 
-/// Reopens an existing segment file for a new use (never through a symlink, never creating).
+/// Reopens an existing segment file for a new use (never through a symlink, never creating),
+/// for reading too (see [`create_file_at`]).
 pub(crate) fn reopen_segment_at(
     dir: BorrowedFd<'_>,
     name: &CStr,
     direct: bool,
 ) -> io::Result<OwnedFd> {
-    let mut flags = OFlags::WRONLY | OFlags::NOFOLLOW;
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW;
     if direct {
         flags |= OFlags::DIRECT;
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::format::segment::SegmentFileName;
+use crate::io::{CachedFile, FileHandle};
 use crate::store::dir::TaskDir;
 use crate::store::ledger::Ticket;
 use crate::store::queue::CleanupQueue;
@@ -30,6 +31,11 @@ pub(crate) struct SegmentEntry {
     /// When the entry took its present role (created or reused by a writer; put in the pool),
     /// for operators (`Engine::list_files`).
     pub since: Instant,
+    /// The fd its writer had, kept with the file once the segment is sealed (counted in the
+    /// engine's fd bound, which may close it while it is idle): the state's reader and the
+    /// pool's next writer use it instead of opening the file by name. Closed (on the reaper)
+    /// when the entry ends, after the file's delete was queued.
+    pub file: Option<CachedFile>,
 }
 
 /// What an operator sees of one segment file the engine owns (`Engine::list_files`).
@@ -53,7 +59,13 @@ impl SegmentEntry {
             generation: 0,
             ticket: Some(ticket),
             since: Instant::now(),
+            file: None,
         }
+    }
+
+    /// The kept fd, if the engine's fd bound has not closed it.
+    pub(crate) fn kept_fd(&self) -> Option<Arc<FileHandle>> {
+        self.file.as_ref().and_then(CachedFile::get)
     }
 
     /// The entry as an operator sees it.
@@ -104,7 +116,8 @@ impl SegmentEntry {
     }
 
     /// Takes the entry apart for a new use of its file (the segment pool's reuse): its
-    /// directory, number and ticket. The caller records the file again under the abort check.
+    /// directory, number and ticket (its kept fd, if any, closes unless the caller took it).
+    /// The caller records the file again under the abort check.
     pub(crate) fn into_reuse(mut self) -> Option<(Arc<TaskDir>, u32, Ticket)> {
         let t = self.ticket.take()?;
         Some((self.dir.clone(), self.seg, t))

@@ -76,6 +76,16 @@ pub(crate) fn dev_ino(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     Ok((st.st_dev as u64, st.st_ino as u64))
 }
 
+/// The number of names the file at `fd` has (`fstat`'s `st_nlink`): 0 once it was unlinked.
+pub(crate) fn link_count(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(rustix::fs::fstat(fd)?.st_nlink as u64)
+}
+
+/// The size of the file at `fd` (`fstat`).
+pub(crate) fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(rustix::fs::fstat(fd)?.st_size as u64)
+}
+
 /// `fchmod(fd, mode)`: sets the permission bits (the umask does not apply).
 pub(crate) fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     Ok(rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?)

@@ -1,4 +1,4 @@
-//! Positioned writes for the psync backend.
+//! Positioned writes for the psync backend, and positioned reads.
 
 use std::io::{self, IoSlice};
 use std::os::fd::BorrowedFd;
@@ -7,4 +7,10 @@ use std::os::fd::BorrowedFd;
 /// (possibly short). Not retried on `EINTR`.
 pub(crate) fn pwritev(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>], offset: u64) -> io::Result<usize> {
     Ok(rustix::io::pwritev(fd, bufs, offset)?)
+}
+
+/// `pread(fd, buf, offset)`: one positioned read; returns the bytes read (0 at the end of the
+/// file, possibly short). Not retried on `EINTR`.
+pub(crate) fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    Ok(rustix::io::pread(fd, buf, offset)?)
 }

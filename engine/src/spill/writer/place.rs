@@ -959,6 +959,8 @@ impl SpillWriter {
                 } else {
                     e.shrink_to(seg.logical);
                 }
+                // The fd stays with the file, for its reader and the pool's next writer.
+                e.file = Some(seg.file);
             }
         }
         Poll::Ready(Ok(()))

@@ -16,7 +16,7 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{CachedFile, FdPermit, IoBuf};
+use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf};
 use crate::metrics::Counters;
 use crate::spill::task::TaskShared;
 use crate::store::dir::{self, TaskDir};
@@ -70,10 +70,29 @@ struct Reserved {
     ticket: Ticket,
 }
 
+/// A segment's fd as a rotation got it.
+pub(super) enum SegFile {
+    /// Opened by this rotation (created, or a pooled file reopened by name), counted under
+    /// its permit.
+    Opened(OwnedFd, FdPermit),
+    /// The fd a pooled file kept from its last use (already counted), with a handle to it
+    /// that keeps the engine's fd bound from closing it until the writer starts on it.
+    Kept(CachedFile, Arc<FileHandle>),
+}
+
+impl SegFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            SegFile::Opened(fd, _) => fd.as_fd(),
+            SegFile::Kept(_, h) => h.as_fd(),
+        }
+    }
+}
+
 /// A segment file created and allocated, not yet recorded in the file list.
 struct Created {
     r: Reserved,
-    fd: OwnedFd,
+    fd: SegFile,
     /// Bytes allocated to the file at creation (direct mode, `preallocate`), 0 if none.
     allocated: u64,
     /// This use of the file: 0 for a new file.
@@ -150,11 +169,15 @@ impl SpillWriter {
     /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
     /// its header.
     fn start_segment(&mut self, o: Opened) -> Result<()> {
-        let file = self
-            .core
-            .io
-            .fds()
-            .install(o.fd, o.permit, self.core.io.reaper().clone());
+        let file = match o.fd {
+            SegFile::Opened(fd, permit) => {
+                self.core
+                    .io
+                    .fds()
+                    .install(fd, permit, self.core.io.reaper().clone())
+            }
+            SegFile::Kept(file, _in_use) => file,
+        };
         let mut buf = match o.buf {
             Some(b) => b,
             None => self
@@ -201,9 +224,7 @@ pub(super) struct Rotor {
 
 /// A segment created (or reused), allocated and recorded in the file list: ready to write.
 pub(super) struct Opened {
-    fd: OwnedFd,
-    /// The fd's place in the engine's bound.
-    permit: FdPermit,
+    fd: SegFile,
     seg: u32,
     entry_index: usize,
     /// Bytes allocated to the file (direct mode, `preallocate`), 0 if none.
@@ -227,9 +248,6 @@ impl Rotor {
     }
 
     fn open_timed(&self, reserve: u64, step: u64) -> Result<Opened> {
-        // The new segment's fd counts in the engine's bound: taken first (waits at the bound;
-        // an async rotation waits on the offload thread).
-        let permit = self.core.io.fds().permit();
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
@@ -244,7 +262,6 @@ impl Rotor {
         let (entry_index, fd) = self.record_segment(made)?;
         Ok(Opened {
             fd,
-            permit,
             seg,
             entry_index,
             allocated,
@@ -261,9 +278,12 @@ impl Rotor {
         if let Some(made) = self.reuse_segment(root, reserve, step)? {
             return Ok(made);
         }
+        // The new file's fd counts in the engine's bound: the permit comes first (waits at the
+        // bound; an async rotation waits on the offload thread).
+        let permit = self.core.io.fds().permit();
         let r = self.reserve_segment(root, dir, reserve)?;
         let (r, fd) = self.create_file(r)?;
-        self.allocate(r, fd, step)
+        self.allocate(r, SegFile::Opened(fd, permit), step)
     }
 
     /// A pooled file under `root`, reopened for this use with the next generation and its
@@ -294,8 +314,23 @@ impl Rotor {
         let generation = e.generation.wrapping_add(1);
         let name = SegmentFileName::new(e.seg);
         let reopened = e.grow_to(reserve).and_then(|()| {
+            // The fd the file kept from its last use, if the engine's fd bound has not closed
+            // it: no open and no close.
+            // A file unlinked behind the engine's back (its name gone, its fd still open) is
+            // of no use: one `fstat` tells, and the reopen by name below then fails, which
+            // deletes the entry once (its name found absent).
+            if let Some(h) = e.kept_fd()
+                && crate::sys::fs::link_count(h.as_fd()).is_ok_and(|n| n > 0)
+                && let Some(file) = e.file.take()
+            {
+                return Ok(SegFile::Kept(file, h));
+            }
+            drop(e.file.take());
             let fds = core.io.fds();
+            // Counted in the engine's bound: the permit comes first (waits at the bound).
+            let permit = fds.permit();
             fds.open_with(|| dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct))
+                .map(|fd| SegFile::Opened(fd, permit))
                 .map_err(|err| SpillError::io("reopen", e.path(), err))
         });
         let fd = match reopened {
@@ -494,7 +529,7 @@ impl Rotor {
     fn allocate(
         &self,
         r: Reserved,
-        fd: OwnedFd,
+        fd: SegFile,
         step: u64,
     ) -> std::result::Result<Created, Failed> {
         // The first allocation step (see `first_step`): the rest comes in steps as the writes
@@ -521,7 +556,7 @@ impl Rotor {
 
     /// Records the new file under the abort check (invariant 2 in ARCHITECTURE.md) and returns its index in
     /// the file list and its descriptor. If the hook ran meanwhile, deletes it: `Aborted`.
-    fn record_segment(&self, made: Created) -> Result<(usize, OwnedFd)> {
+    fn record_segment(&self, made: Created) -> Result<(usize, SegFile)> {
         let Created {
             r, fd, generation, ..
         } = made;
@@ -707,9 +742,9 @@ pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool)
         let target = {
             let f = shared.files.lock();
             let Some(e) = f.entries.get(i) else { break };
-            (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated))
+            (e.allocated > 0).then(|| (e.dir.clone(), e.seg, e.len, e.allocated, e.kept_fd()))
         };
-        let Some((dir, seg, len, allocated)) = target else {
+        let Some((dir, seg, len, allocated, kept)) = target else {
             continue;
         };
         // Direct mode padded the last write to whole blocks; a buffered file is exactly
@@ -718,11 +753,15 @@ pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool)
         // punching a hole past the end is a no-op on ext4).
         let keep = if direct { trimmed_len(len) } else { len };
         let name = SegmentFileName::new(seg);
-        let r = core
-            .io
-            .fds()
-            .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
-            .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated)));
+        let r = match kept {
+            // The writer's fd, kept with the file: no open.
+            Some(h) => dir::truncate(h.as_fd(), keep.min(allocated)),
+            None => core
+                .io
+                .fds()
+                .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
+                .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated))),
+        };
         match r {
             Ok(()) => {
                 let mut f = shared.files.lock();
