@@ -7,7 +7,7 @@
 # engine's own code for its protocol in every interleaving loom explores:
 #
 #   loom_abortable_files_*  spill/writer/hook.rs   the abort flag against the file list (invariant 2)
-#   loom_grants_*           spill/grant.rs grant release and publish against scope close
+#   loom_grants_*           spill/grant.rs (models in grant_loom.rs) grant release and publish against scope close
 
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
 #   loom_sleep_wake_*       io/uring/wake.rs the ring thread's sleep/wake handshake

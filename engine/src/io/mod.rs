@@ -7,6 +7,7 @@
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod buf;
+mod decode;
 mod fdcache;
 mod gate;
 mod handoff;
@@ -18,7 +19,8 @@ mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, DECODE_POOL, IoBuf, OpenBlock, Short, Take};
+pub(crate) use buf::{BufferPool, IoBuf, OpenBlock, Short, Take};
+pub(crate) use decode::DECODE_POOL;
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use lane::*;

@@ -1,31 +1,28 @@
 //! The engine: spill roots and their locked process directories, the ticket ledger, the I/O
 //! thread(s), the cleanup worker, the reaper, and the metrics.
 
-use std::io;
-use std::os::fd::AsFd;
+mod open;
+mod shutdown;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Once, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::cleanup::CleanupReport;
-use crate::config::{Backend, BackendKind, EngineConfig, WriteMode};
+use crate::config::Backend;
 use crate::core::Core;
 use crate::error::{Result, SpillError};
-use crate::io::{BufferPool, IoHandle, IoSetup, Reaper, ReaperThread};
+use crate::io::ReaperThread;
 use crate::metrics::{Counters, Metrics, RootUsage};
 use crate::spill::task::{TaskShared, TaskSpill};
-use crate::store::Store;
-use crate::store::dir::{self, ProcDir};
 use crate::store::entry::EntryView;
-use crate::store::ledger::Ledger;
-use crate::store::pool::SegmentPool;
-use crate::store::proc::{self, random_id};
-use crate::store::queue::CleanupQueue;
-use crate::store::roots::{Roots, probe_direct};
+
+pub use shutdown::ShutdownReport;
+use shutdown::wait_until;
 
 /// The engine behind [`Engine`] handles; shut down when the last handle (engine, task,
 /// writer, state or reader) is gone.
@@ -36,125 +33,6 @@ pub(crate) struct EngineInner {
     cleanup_thread: Mutex<Option<JoinHandle<()>>>,
     reaper_thread: ReaperThread,
     last_report: Mutex<Option<ShutdownReport>>,
-}
-
-impl EngineInner {
-    fn shutdown(&self, budget: Duration) -> ShutdownReport {
-        let start = Instant::now();
-        let deadline = start + budget;
-        if self.core.begin_shutdown() {
-            return self
-                .last_report
-                .lock()
-                .clone()
-                .unwrap_or_else(|| self.report(start, false));
-        }
-        let core = &self.core;
-        // From the deadline on, queued I/O fails instead of starting: what is left then is
-        // what the kernel already has (a few unlinks per ring, the writes in flight).
-        core.io.set_deadline(deadline);
-        // Abort what is still open: every task scope closes everything registered.
-        let tasks: Vec<Arc<TaskShared>> =
-            self.tasks.lock().iter().filter_map(Weak::upgrade).collect();
-        for t in tasks {
-            t.close(true);
-        }
-        // The pooled files go the way of every other file, and so do the files of a state
-        // released from now on.
-        crate::cleanup::close_pool(core);
-        // The recycled shells hold the core: they go now, and none is kept from now on.
-        core.close_shelves();
-        let drained = wait_until(deadline, || core.store.cleanup.outstanding() == 0);
-        // The worker checks this inside its batch and its sweep: it finishes the unlink under
-        // way and returns.
-        core.store.cleanup.stop();
-        if let Some(t) = self.cleanup_thread.lock().take()
-            && t.join().is_err()
-        {
-            tracing::error!("spillring cleanup worker panicked");
-        }
-        core.io.shutdown();
-        // Our process directories go too when nothing is left in them; otherwise the next
-        // open (of any engine on the root) sweeps them.
-        for pd in core.store.roots.proc_dirs() {
-            if let Some(parent) = pd.path.parent()
-                && let Some(name) = pd.path.file_name()
-                && let (Ok(pfd), Ok(cname)) = (
-                    dir::open_dir(parent),
-                    std::ffi::CString::new(name.as_encoded_bytes()),
-                )
-            {
-                let _ = dir::unlink_at(pfd.as_fd(), &cname, true);
-            }
-        }
-        // And the roots the open created, when empty.
-        proc::remove_created(core.store.roots.created());
-        // The final closes of deleted files free their blocks: wait for them within the
-        // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
-        let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
-        core.io.reaper().flush_until(reaped_by);
-        self.reaper_thread.stop(reaped_by);
-        let report = self.report(start, drained);
-        *self.last_report.lock() = Some(report.clone());
-        report
-    }
-
-    fn report(&self, start: Instant, drained: bool) -> ShutdownReport {
-        let core = &self.core;
-        ShutdownReport {
-            drained,
-            elapsed: start.elapsed(),
-            cleanup_pending: core.store.cleanup.pending(),
-            tickets_held: core.store.ledger.used() as u64,
-            directories_left: core.store.dirs_left() as u64,
-            orphan_sweeps_left: core.store.cleanup.sweeps_pending(),
-        }
-    }
-}
-
-impl Drop for EngineInner {
-    fn drop(&mut self) {
-        let budget = self.core.cfg.shutdown_budget;
-        let r = self.shutdown(budget);
-        if !r.drained {
-            tracing::warn!(
-                ?r,
-                "spillring engine dropped with cleanup left; the next open sweeps it"
-            );
-        }
-    }
-}
-
-/// How long a shutdown waits for the reaper's closes past an already-spent budget.
-const REAPER_GRACE: Duration = Duration::from_millis(20);
-
-fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// What a shutdown left behind.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ShutdownReport {
-    /// True if every queued delete and cleanup record finished within the budget.
-    pub drained: bool,
-    /// How long the shutdown took.
-    pub elapsed: Duration,
-    /// Name-only cleanup records left (their files remain for the next open's sweep).
-    pub cleanup_pending: u64,
-    /// Tickets still held (files the engine could not confirm deleted).
-    pub tickets_held: u64,
-    /// Task directories not removed.
-    pub directories_left: u64,
-    /// Directories of dead engines not yet swept (the next open sweeps them).
-    pub orphan_sweeps_left: u64,
 }
 
 /// The spill engine. Cheap to clone (clones share one engine); `Send + Sync`. One per
@@ -194,8 +72,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-static FALLBACK_LOGGED: Once = Once::new();
-
 impl Engine {
     /// The bound on writers' segment fds (for `testing::fd_stats`).
     pub(crate) fn fd_cache(&self) -> &Arc<crate::io::FdCache> {
@@ -205,104 +81,6 @@ impl Engine {
     /// The staging buffer pool and its budget (for `testing::buffer_stats`).
     pub(crate) fn buffer_pool(&self) -> &Arc<crate::io::BufferPool> {
         self.inner.core.io.pool()
-    }
-
-    /// Validates `cfg`, creates and locks this engine's directory under every root, probes
-    /// io_uring (falling back to psync under `BackendKind::Auto`), starts the engine's
-    /// threads, and claims the directories of dead engines for background deletion.
-    ///
-    /// Roots: a missing root is created with its missing parents (what was created is removed
-    /// at shutdown if it is empty then); a root that is not a directory fails the open with
-    /// [`SpillError::RootNotADirectory`], even if other roots work (a configuration error); a
-    /// root that fails with an OS error (read-only, no permission, a device error) is skipped
-    /// for this engine's life, with a warning through `tracing` and the `roots_unusable`
-    /// metric, if another root works; if none works, the open fails with the first root's
-    /// error. A failed open leaves nothing behind: no process directory, no created root, and
-    /// the directories of dead engines where they were.
-    ///
-    /// ```no_run
-    /// use spillring::{Engine, EngineConfig, WriteMode};
-    /// # fn main() -> spillring::Result<()> {
-    /// let engine = Engine::open(
-    ///     EngineConfig::new("/mnt/disk1/spill")
-    ///         .add_root("/mnt/disk2/spill")
-    ///         .mode(WriteMode::Direct),
-    /// )?;
-    /// assert_eq!(engine.process_dirs().len() as u64 + engine.metrics().roots_unusable, 2);
-    /// # Ok(()) }
-    /// ```
-    pub fn open(cfg: EngineConfig) -> Result<Engine> {
-        let cfg = cfg.resolved();
-        cfg.check()?;
-        let key = if cfg.encryption {
-            Some(
-                crate::core::make_key()
-                    .map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?,
-            )
-        } else {
-            None
-        };
-        let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
-        let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
-        let opened = open_roots(&cfg, &reaper)?;
-        // A failure from here on must not leave our directories behind: nothing of a dead
-        // engine was moved into them yet (that comes last), so they are empty.
-        if cfg.mode == WriteMode::Direct
-            && let Err(e) = probe_direct(&opened.proc_dirs)
-        {
-            opened.undo();
-            return Err(e);
-        }
-        let io = match start_io(&cfg, &reaper) {
-            Ok(io) => io,
-            Err(e) => {
-                opened.undo();
-                return Err(SpillError::io("start io backend", PathBuf::new(), e));
-            }
-        };
-        let OpenedRoots {
-            id,
-            paths,
-            proc_dirs,
-            created,
-            unusable,
-        } = opened;
-        let n_roots = paths.len();
-        let store = Store::new(
-            Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
-            Roots::new(paths, proc_dirs, created, cfg.root_skip),
-            Arc::new(CleanupQueue::new()),
-            SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
-        );
-        let core = Arc::new(Core::new(cfg, id, io, store, key));
-        Counters::add(&core.counters.roots_unusable, unusable);
-        let worker_core = core.clone();
-        let cleanup_thread = std::thread::Builder::new()
-            .name("spillring-cleanup".into())
-            .spawn(move || crate::cleanup::worker_loop(worker_core));
-        let cleanup_thread = match cleanup_thread {
-            Ok(t) => t,
-            Err(e) => {
-                core.io.shutdown();
-                for pd in core.store.roots.proc_dirs() {
-                    let _ = std::fs::remove_dir(&pd.path);
-                }
-                proc::remove_created(core.store.roots.created());
-                return Err(thread_err(e));
-            }
-        };
-        // The open can no longer fail: now claim the directories of dead engines.
-        crate::cleanup::sweep::claim_dead_engines(&core);
-        Ok(Engine {
-            inner: Arc::new(EngineInner {
-                core,
-                task_seq: AtomicU64::new(0),
-                tasks: Mutex::new(Vec::new()),
-                cleanup_thread: Mutex::new(Some(cleanup_thread)),
-                reaper_thread,
-                last_report: Mutex::new(None),
-            }),
-        })
     }
 
     /// A new task scope. `id` names it in paths and logs (characters other than
@@ -540,110 +318,6 @@ impl OwnedFile {
             reserved: v.reserved,
             age: v.age,
         }
-    }
-}
-
-/// The roots an open could use, with this engine's locked directory under each.
-struct OpenedRoots {
-    id: u64,
-    /// The roots in use, in configuration order.
-    paths: Vec<PathBuf>,
-    proc_dirs: Vec<Arc<ProcDir>>,
-    /// Per root in use, the directories created for it (top first).
-    created: Vec<Vec<PathBuf>>,
-    /// Roots skipped for an OS error.
-    unusable: u64,
-}
-
-impl OpenedRoots {
-    /// Removes what the open made: our (empty) directories and the roots it created.
-    fn undo(&self) {
-        for pd in &self.proc_dirs {
-            let _ = std::fs::remove_dir(&pd.path);
-        }
-        proc::remove_created(self.created.iter().flatten());
-    }
-}
-
-/// Makes each root a directory (creating a missing one) and creates and locks this engine's
-/// directory under it. A root that is not a directory fails the open; one that fails with an
-/// OS error is skipped (warned, counted) if another works, else the first root's error is
-/// returned. On a failure, removes everything it made.
-fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
-    let mut o = OpenedRoots {
-        id: random_id(),
-        paths: Vec::with_capacity(cfg.roots.len()),
-        proc_dirs: Vec::with_capacity(cfg.roots.len()),
-        created: Vec::with_capacity(cfg.roots.len()),
-        unusable: 0,
-    };
-    let mut first_err = None;
-    for root in &cfg.roots {
-        let made = proc::prepare_root(root).and_then(|created| {
-            match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
-                Ok(pd) => Ok((pd, created)),
-                Err(e) => {
-                    proc::remove_created(created.iter());
-                    Err(e)
-                }
-            }
-        });
-        match made {
-            Ok((pd, created)) => {
-                o.paths.push(root.clone());
-                o.proc_dirs.push(pd);
-                o.created.push(created);
-            }
-            Err(e @ SpillError::RootNotADirectory { .. }) => {
-                o.undo();
-                return Err(e);
-            }
-            Err(e) => {
-                tracing::warn!(root = %root.display(), error = %e,
-                    "spill root unusable at open; this engine skips it");
-                o.unusable += 1;
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    if o.proc_dirs.is_empty() {
-        return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig("roots: none".into())));
-    }
-    Ok(o)
-}
-
-/// Starts the configured backend (io_uring, falling back to psync under `Auto`).
-fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
-    let want_uring = cfg.backend != BackendKind::Psync;
-    let pool = BufferPool::new(
-        cfg.io_buffer_size,
-        if want_uring {
-            cfg.registered_buffers
-        } else {
-            0
-        },
-        64,
-        cfg.max_buffer_memory,
-    );
-    let setup = IoSetup {
-        threads: cfg.ring_threads,
-        ring_entries: cfg.ring_entries,
-        channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
-        pool,
-        fault: cfg.fault_plan.clone(),
-        deadline: Arc::default(),
-        reaper: reaper.clone(),
-        max_open_files: cfg.max_open_files,
-    };
-    match cfg.backend {
-        BackendKind::Psync => IoHandle::start_psync(&setup),
-        BackendKind::Uring => IoHandle::start_uring(&setup),
-        BackendKind::Auto => IoHandle::start_uring(&setup).or_else(|e| {
-            FALLBACK_LOGGED.call_once(|| {
-                tracing::warn!(error = %e, "io_uring unavailable; spillring falls back to psync");
-            });
-            IoHandle::start_psync(&setup)
-        }),
     }
 }
 

@@ -1,0 +1,230 @@
+//! Opening the engine: roots and their locked process directories, the I/O backend, the
+//! engine's threads.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Once};
+
+use parking_lot::Mutex;
+
+use crate::config::{BackendKind, EngineConfig, WriteMode};
+use crate::core::Core;
+use crate::error::{Result, SpillError};
+use crate::io::{BufferPool, IoHandle, IoSetup, Reaper};
+use crate::metrics::Counters;
+use crate::store::Store;
+use crate::store::dir::ProcDir;
+use crate::store::ledger::Ledger;
+use crate::store::pool::SegmentPool;
+use crate::store::proc::{self, random_id};
+use crate::store::queue::CleanupQueue;
+use crate::store::roots::{Roots, probe_direct};
+
+use super::{Engine, EngineInner};
+
+static FALLBACK_LOGGED: Once = Once::new();
+
+impl Engine {
+    /// Validates `cfg`, creates and locks this engine's directory under every root, probes
+    /// io_uring (falling back to psync under `BackendKind::Auto`), starts the engine's
+    /// threads, and claims the directories of dead engines for background deletion.
+    ///
+    /// Roots: a missing root is created with its missing parents (what was created is removed
+    /// at shutdown if it is empty then); a root that is not a directory fails the open with
+    /// [`SpillError::RootNotADirectory`], even if other roots work (a configuration error); a
+    /// root that fails with an OS error (read-only, no permission, a device error) is skipped
+    /// for this engine's life, with a warning through `tracing` and the `roots_unusable`
+    /// metric, if another root works; if none works, the open fails with the first root's
+    /// error. A failed open leaves nothing behind: no process directory, no created root, and
+    /// the directories of dead engines where they were.
+    ///
+    /// ```no_run
+    /// use spillring::{Engine, EngineConfig, WriteMode};
+    /// # fn main() -> spillring::Result<()> {
+    /// let engine = Engine::open(
+    ///     EngineConfig::new("/mnt/disk1/spill")
+    ///         .add_root("/mnt/disk2/spill")
+    ///         .mode(WriteMode::Direct),
+    /// )?;
+    /// assert_eq!(engine.process_dirs().len() as u64 + engine.metrics().roots_unusable, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn open(cfg: EngineConfig) -> Result<Engine> {
+        let cfg = cfg.resolved();
+        cfg.check()?;
+        let key = if cfg.encryption {
+            Some(
+                crate::core::make_key()
+                    .map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?,
+            )
+        } else {
+            None
+        };
+        let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
+        let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
+        let opened = open_roots(&cfg, &reaper)?;
+        // A failure from here on must not leave our directories behind: nothing of a dead
+        // engine was moved into them yet (that comes last), so they are empty.
+        if cfg.mode == WriteMode::Direct
+            && let Err(e) = probe_direct(&opened.proc_dirs)
+        {
+            opened.undo();
+            return Err(e);
+        }
+        let io = match start_io(&cfg, &reaper) {
+            Ok(io) => io,
+            Err(e) => {
+                opened.undo();
+                return Err(SpillError::io("start io backend", PathBuf::new(), e));
+            }
+        };
+        let OpenedRoots {
+            id,
+            paths,
+            proc_dirs,
+            created,
+            unusable,
+        } = opened;
+        let n_roots = paths.len();
+        let store = Store::new(
+            Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
+            Roots::new(paths, proc_dirs, created, cfg.root_skip),
+            Arc::new(CleanupQueue::new()),
+            SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
+        );
+        let core = Arc::new(Core::new(cfg, id, io, store, key));
+        Counters::add(&core.counters.roots_unusable, unusable);
+        let worker_core = core.clone();
+        let cleanup_thread = std::thread::Builder::new()
+            .name("spillring-cleanup".into())
+            .spawn(move || crate::cleanup::worker_loop(worker_core));
+        let cleanup_thread = match cleanup_thread {
+            Ok(t) => t,
+            Err(e) => {
+                core.io.shutdown();
+                for pd in core.store.roots.proc_dirs() {
+                    let _ = std::fs::remove_dir(&pd.path);
+                }
+                proc::remove_created(core.store.roots.created());
+                return Err(thread_err(e));
+            }
+        };
+        // The open can no longer fail: now claim the directories of dead engines.
+        crate::cleanup::sweep::claim_dead_engines(&core);
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                core,
+                task_seq: AtomicU64::new(0),
+                tasks: Mutex::new(Vec::new()),
+                cleanup_thread: Mutex::new(Some(cleanup_thread)),
+                reaper_thread,
+                last_report: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// The roots an open could use, with this engine's locked directory under each.
+struct OpenedRoots {
+    id: u64,
+    /// The roots in use, in configuration order.
+    paths: Vec<PathBuf>,
+    proc_dirs: Vec<Arc<ProcDir>>,
+    /// Per root in use, the directories created for it (top first).
+    created: Vec<Vec<PathBuf>>,
+    /// Roots skipped for an OS error.
+    unusable: u64,
+}
+
+impl OpenedRoots {
+    /// Removes what the open made: our (empty) directories and the roots it created.
+    fn undo(&self) {
+        for pd in &self.proc_dirs {
+            let _ = std::fs::remove_dir(&pd.path);
+        }
+        proc::remove_created(self.created.iter().flatten());
+    }
+}
+
+/// Makes each root a directory (creating a missing one) and creates and locks this engine's
+/// directory under it. A root that is not a directory fails the open; one that fails with an
+/// OS error is skipped (warned, counted) if another works, else the first root's error is
+/// returned. On a failure, removes everything it made.
+fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
+    let mut o = OpenedRoots {
+        id: random_id(),
+        paths: Vec::with_capacity(cfg.roots.len()),
+        proc_dirs: Vec::with_capacity(cfg.roots.len()),
+        created: Vec::with_capacity(cfg.roots.len()),
+        unusable: 0,
+    };
+    let mut first_err = None;
+    for root in &cfg.roots {
+        let made = proc::prepare_root(root).and_then(|created| {
+            match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
+                Ok(pd) => Ok((pd, created)),
+                Err(e) => {
+                    proc::remove_created(created.iter());
+                    Err(e)
+                }
+            }
+        });
+        match made {
+            Ok((pd, created)) => {
+                o.paths.push(root.clone());
+                o.proc_dirs.push(pd);
+                o.created.push(created);
+            }
+            Err(e @ SpillError::RootNotADirectory { .. }) => {
+                o.undo();
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(root = %root.display(), error = %e,
+                    "spill root unusable at open; this engine skips it");
+                o.unusable += 1;
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if o.proc_dirs.is_empty() {
+        return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig("roots: none".into())));
+    }
+    Ok(o)
+}
+
+/// Starts the configured backend (io_uring, falling back to psync under `Auto`).
+fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
+    let want_uring = cfg.backend != BackendKind::Psync;
+    let pool = BufferPool::new(
+        cfg.io_buffer_size,
+        if want_uring {
+            cfg.registered_buffers
+        } else {
+            0
+        },
+        64,
+        cfg.max_buffer_memory,
+    );
+    let setup = IoSetup {
+        threads: cfg.ring_threads,
+        ring_entries: cfg.ring_entries,
+        channel_capacity: (cfg.ring_entries as usize * 4).max(1024),
+        pool,
+        fault: cfg.fault_plan.clone(),
+        deadline: Arc::default(),
+        reaper: reaper.clone(),
+        max_open_files: cfg.max_open_files,
+    };
+    match cfg.backend {
+        BackendKind::Psync => IoHandle::start_psync(&setup),
+        BackendKind::Uring => IoHandle::start_uring(&setup),
+        BackendKind::Auto => IoHandle::start_uring(&setup).or_else(|e| {
+            FALLBACK_LOGGED.call_once(|| {
+                tracing::warn!(error = %e, "io_uring unavailable; spillring falls back to psync");
+            });
+            IoHandle::start_psync(&setup)
+        }),
+    }
+}

@@ -1,0 +1,182 @@
+use super::*;
+use proptest::prelude::*;
+
+const B: Binding = Binding {
+    segment: 3,
+    generation: 7,
+};
+
+/// A segment buffer with one block of `records` at `off`, stored with `codec`.
+fn block_bytes(records: &[&[u8]], codec: Codec, off: usize, bind: Binding) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for r in records {
+        raw.extend_from_slice(&record_frame(r.len()));
+        raw.extend_from_slice(r);
+    }
+    let mut dst = vec![0u8; raw.len() + 64];
+    let (codec, stored) = match compress(codec, &raw, &mut dst) {
+        Some(n) => (codec, dst[..n].to_vec()),
+        None => (Codec::Raw, raw.clone()),
+    };
+    let h = encode_block_header(
+        bind,
+        off as u64,
+        codec,
+        raw.len() as u64,
+        records.len() as u32,
+        0,
+        &stored,
+    );
+    let mut v = vec![0u8; off];
+    v.extend_from_slice(&h);
+    v.extend_from_slice(&stored);
+    v
+}
+
+fn decode(buf: &[u8], off: usize, bind: Binding) -> Result<Vec<Vec<u8>>, Damage> {
+    let b = block_at(buf, off, buf.len())?.expect("a block");
+    check_block(buf, &b, bind)?;
+    let stored = &buf[b.stored.clone()];
+    let raw = if b.header.codec == 0 {
+        stored.to_vec()
+    } else {
+        let mut out = vec![0u8; b.header.raw as usize];
+        decompress(b.header.codec, stored, &mut out).map_err(|detail| Damage {
+            offset: off as u64,
+            detail,
+        })?;
+        out
+    };
+    let rs = records_of(&raw, b.header.records).map_err(|detail| Damage {
+        offset: off as u64,
+        detail,
+    })?;
+    Ok(rs.into_iter().map(|r| raw[r].to_vec()).collect())
+}
+
+#[test]
+fn every_codec_round_trips_and_compressible_data_shrinks() {
+    let text = b"lineitem|12345|0.04|N|O|1996-03-13|DELIVER IN PERSON|TRUCK|".repeat(200);
+    for codec in [Codec::Raw, Codec::Lz4, Codec::Zstd(1), Codec::Zstd(9)] {
+        let recs: Vec<&[u8]> = vec![&text[..], b"", b"x"];
+        let buf = block_bytes(&recs, codec, 64, B);
+        let h = parse_block_header(&buf[64..]).unwrap();
+        if codec != Codec::Raw {
+            assert!(h.stored * 4 < h.raw, "{codec:?}: {h:?}");
+        }
+        assert_eq!(
+            decode(&buf, 64, B).unwrap(),
+            vec![text.clone(), vec![], b"x".to_vec()]
+        );
+    }
+}
+
+#[test]
+fn incompressible_data_is_not_compressed() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let data: Vec<u8> = (0..8192)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut dst = vec![0u8; data.len()];
+    assert_eq!(compress(Codec::Lz4, &data, &mut dst), None);
+    assert_eq!(compress(Codec::Zstd(3), &data, &mut dst), None);
+}
+
+#[test]
+fn a_block_of_another_segment_generation_or_offset_is_damage() {
+    let recs: Vec<&[u8]> = vec![b"hello", b"world"];
+    for codec in [Codec::Raw, Codec::Lz4] {
+        let buf = block_bytes(&recs, codec, 64, B);
+        assert!(decode(&buf, 64, B).is_ok());
+        for other in [
+            Binding {
+                segment: 4,
+                generation: 7,
+            },
+            Binding {
+                segment: 3,
+                generation: 8,
+            },
+        ] {
+            assert_eq!(
+                decode(&buf, 64, other).unwrap_err(),
+                Damage {
+                    offset: 64,
+                    detail: "block checksum mismatch"
+                }
+            );
+        }
+        // The same block moved 64 bytes further on.
+        let mut moved = vec![0u8; 64];
+        moved.extend_from_slice(&buf);
+        assert_eq!(
+            decode(&moved, 128, B).unwrap_err().detail,
+            "block checksum mismatch"
+        );
+    }
+}
+
+#[test]
+fn damage_is_found_and_located() {
+    let recs: Vec<&[u8]> = vec![b"hello", b"world"];
+    let buf = block_bytes(&recs, Codec::Raw, 64, B);
+    // Every single flipped byte of header or stored bytes is caught.
+    for i in 64..buf.len() {
+        let mut bad = buf.clone();
+        bad[i] ^= 0x10;
+        let e = decode(&bad, 64, B).unwrap_err();
+        assert_eq!(e.offset, 64, "byte {i}: {e:?}");
+    }
+    // Truncated: inside the header, inside the stored bytes.
+    assert_eq!(
+        block_at(&buf[..100], 64, buf.len()).unwrap_err().detail,
+        "segment truncated inside a block header"
+    );
+    assert_eq!(
+        block_at(&buf[..buf.len() - 1], 64, buf.len())
+            .unwrap_err()
+            .detail,
+        "segment truncated inside a block"
+    );
+    assert_eq!(
+        block_at(&buf, 64, buf.len() - 1).unwrap_err().detail,
+        "block runs past the end of the segment"
+    );
+    // Zeros (direct-mode padding read as data) are never a block.
+    let zeros = [0u8; 128];
+    assert!(block_at(&zeros, 0, 128).is_err());
+}
+
+proptest! {
+    #[test]
+    fn prop_round_trip(
+        recs in proptest::collection::vec(proptest::collection::vec(0u8..4, 0..300), 0..20),
+        codec in 0..3u8,
+        level in 1..6i32,
+    ) {
+        let codec = match codec { 0 => Codec::Raw, 1 => Codec::Lz4, _ => Codec::Zstd(level) };
+        let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
+        let buf = block_bytes(&refs, codec, 64, B);
+        prop_assert_eq!(decode(&buf, 64, B).unwrap(), recs);
+    }
+
+    #[test]
+    fn prop_damage_never_panics_nor_returns_other_bytes(
+        recs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..100), 1..8),
+        codec in 0..3u8,
+        at in any::<prop::sample::Index>(),
+        flip in 1..=255u8,
+    ) {
+        let codec = match codec { 0 => Codec::Raw, 1 => Codec::Lz4, _ => Codec::Zstd(1) };
+        let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
+        let mut buf = block_bytes(&refs, codec, 64, B);
+        let i = 64 + at.index(buf.len() - 64);
+        buf[i] ^= flip;
+        prop_assert!(decode(&buf, 64, B).is_err());
+    }
+}
