@@ -43,10 +43,13 @@ macro_rules! ready_ok {
     };
 }
 
+mod codec;
+mod flush;
 mod hook;
 mod place;
 mod reopen;
 mod rotate;
+mod seal;
 mod slot;
 
 pub use slot::RecordSlot;
@@ -120,7 +123,7 @@ pub struct SpillWriter {
     /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
     span: tracing::Span,
     /// Format v2: the block codec and `Auto`'s state (`place.rs`).
-    codec: place::CodecState,
+    codec: codec::CodecState,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -165,7 +168,7 @@ impl SpillWriter {
             direct: cfg.mode == WriteMode::Direct,
             large: cfg.large_record_threshold,
             queue_depth: cfg.queue_depth,
-            codec: place::CodecState::new(cfg.compression),
+            codec: codec::CodecState::new(cfg.compression),
             task,
             shared,
             hook_id,

@@ -7,8 +7,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::flush::short_error;
 use super::hook::WriterShared;
-use super::place::short_error;
 use super::{SpillWriter, Wait};
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;

@@ -1,0 +1,284 @@
+//! The writer's codec: fixed, or `Auto`'s per-block choice (a DuckDB-style cost model: a
+//! codec is kept when the device time its saved bytes free pays for its CPU) and the write
+//! rate the writer sees.
+
+use std::time::Instant;
+
+use crate::config::Compression;
+use crate::format::block::{self, Codec};
+
+/// Samples `Auto` compresses to choose a codec.
+pub(super) const AUTO_SAMPLE: usize = 64 << 10;
+/// Blocks a chosen codec is kept for before the next trial.
+const AUTO_KEEP: u32 = 8;
+/// The longest back-off (in blocks) on incompressible data.
+const AUTO_MAX_BACKOFF: u32 = 256;
+
+/// `Auto`'s choice per block, as pure logic (the caller measures): DuckDB-style, a codec is
+/// kept when the device time its saved bytes free pays for its CPU; on data that no codec
+/// shrinks (or where none pays) the trials back off exponentially.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AutoPolicy {
+    /// Blocks left before the next trial, and what they use meanwhile.
+    skip: u32,
+    sticky: Codec,
+    /// The current back-off (doubles on each failed trial, from 1).
+    backoff: u32,
+}
+
+/// What writing costs the writer, per physical byte: wall time between its blocks, and of that
+/// the time it waited for its writes in flight (a full queue or the drain at `finish`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DeviceCost {
+    pub(crate) ns_per_byte: f64,
+    pub(crate) wait_ns_per_byte: f64,
+}
+
+/// One codec's result on a sample: bytes out and nanoseconds taken (`None`: did not shrink).
+pub(crate) type TrialResult = Option<(usize, u64)>;
+
+impl AutoPolicy {
+    pub(crate) fn new() -> Self {
+        AutoPolicy {
+            skip: 0,
+            sticky: Codec::Raw,
+            backoff: 0,
+        }
+    }
+
+    /// `Some(codec)` to use without a trial for this block, `None` to run a trial.
+    pub(crate) fn next_block(&mut self) -> Option<Codec> {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return Some(self.sticky);
+        }
+        None
+    }
+
+    /// Chooses from a trial on `sample` bytes at the device cost the writer sees. A codec's
+    /// gain is the writer time its saved bytes free, less its CPU: the saved bytes' device
+    /// time, but never more than the time the writer spent waiting for the device over the
+    /// sample's bytes. Writes run behind the writer, so a writer that never waits for the
+    /// device (it is the bottleneck itself) gains nothing from writing fewer bytes and only
+    /// pays the CPU: it stores raw. (Measuring the wall time between blocks alone made a
+    /// compressing writer, slowed by its own CPU, see a slow device and keep compressing.)
+    pub(crate) fn choose(
+        &mut self,
+        sample: usize,
+        lz4: TrialResult,
+        zstd: TrialResult,
+        cost: DeviceCost,
+    ) -> Codec {
+        let gain = |t: TrialResult| {
+            t.map(|(out, ns)| {
+                let freed = sample.saturating_sub(out) as f64 * cost.ns_per_byte;
+                freed.min(sample as f64 * cost.wait_ns_per_byte) - ns as f64
+            })
+        };
+        let mut best = (Codec::Raw, 0.0f64);
+        if let Some(g) = gain(lz4)
+            && g > best.1
+        {
+            best = (Codec::Lz4, g);
+        }
+        if let Some(g) = gain(zstd)
+            && g > best.1
+        {
+            best = (Codec::Zstd(1), g);
+        }
+        if best.0 == Codec::Raw {
+            self.failed();
+        } else {
+            self.backoff = 0;
+            self.sticky = best.0;
+            self.skip = AUTO_KEEP;
+        }
+        best.0
+    }
+
+    /// A block the codec did not shrink: raw, and the next trials further off.
+    pub(crate) fn failed(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(1, AUTO_MAX_BACKOFF);
+        self.skip = self.backoff;
+        self.sticky = Codec::Raw;
+    }
+}
+
+/// A writer's codec: fixed, or `Auto` with its state and the write rate it sees.
+pub(super) struct CodecState {
+    pub(super) mode: Compression,
+    pub(super) auto: AutoPolicy,
+    /// Wall time per physical byte written, smoothed (`Auto`'s device cost).
+    pub(super) ns_per_byte: f64,
+    /// Of that, the time spent waiting for writes in flight, per physical byte, smoothed.
+    pub(super) wait_ns_per_byte: f64,
+    /// Waiting since the last block (added by `poll_inflight_below`).
+    pub(super) waited_ns: u64,
+    /// When an async wait for writes in flight returned `Pending`.
+    pub(super) pending_since: Option<Instant>,
+    pub(super) last_block: Option<Instant>,
+    /// Where `Auto`'s trials compress to (kept: no allocation per block).
+    pub(super) scratch: Vec<u8>,
+}
+
+impl CodecState {
+    pub(super) fn new(mode: Compression) -> Self {
+        CodecState {
+            mode,
+            auto: AutoPolicy::new(),
+            // 1 GB/s until measured.
+            ns_per_byte: 1.0,
+            wait_ns_per_byte: 1.0,
+            waited_ns: 0,
+            pending_since: None,
+            last_block: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Records a block of `bytes` written now: the rate the writer sees.
+    pub(super) fn observe(&mut self, bytes: usize) {
+        let now = Instant::now();
+        if let Some(t) = self.last_block.replace(now)
+            && bytes > 0
+        {
+            let ns = now.duration_since(t).as_nanos() as f64 / bytes as f64;
+            self.ns_per_byte = 0.8 * self.ns_per_byte + 0.2 * ns.clamp(0.01, 1000.0);
+            let w = self.waited_ns as f64 / bytes as f64;
+            self.wait_ns_per_byte = 0.8 * self.wait_ns_per_byte + 0.2 * w.clamp(0.0, 1000.0);
+        }
+        self.waited_ns = 0;
+    }
+
+    /// The cost `Auto` weighs a trial against.
+    pub(super) fn cost(&self) -> DeviceCost {
+        DeviceCost {
+            ns_per_byte: self.ns_per_byte,
+            wait_ns_per_byte: self.wait_ns_per_byte,
+        }
+    }
+
+    /// Counts time the writer spent waiting for its writes in flight.
+    pub(super) fn waited(&mut self, since: Instant) {
+        self.waited_ns += since.elapsed().as_nanos() as u64;
+    }
+}
+
+/// Compresses a sample with `codec`, timed: `None` if it does not shrink.
+pub(super) fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)> {
+    let t = Instant::now();
+    let n = block::compress(codec, sample, scratch)?;
+    Some((n, t.elapsed().as_nanos() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device-bound writer: it waits for the device all the time it is not copying.
+    pub(super) fn bound(ns_per_byte: f64) -> DeviceCost {
+        DeviceCost {
+            ns_per_byte,
+            wait_ns_per_byte: ns_per_byte,
+        }
+    }
+
+    #[test]
+    fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
+        let mut p = AutoPolicy::new();
+        // The wall time between blocks is long (10 MB/s) because the writer itself is slow
+        // (its producer, or its own compression): writes never make it wait, so fewer bytes
+        // free no writer time and any codec only adds CPU.
+        let cpu_bound = DeviceCost {
+            ns_per_byte: 100.0,
+            wait_ns_per_byte: 0.0,
+        };
+        assert_eq!(
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                cpu_bound
+            ),
+            Codec::Raw
+        );
+        // Waiting a little: a codec pays only up to the wait it removes.
+        while p.next_block().is_some() {}
+        let some_wait = DeviceCost {
+            ns_per_byte: 100.0,
+            wait_ns_per_byte: 0.5,
+        };
+        // 64 KiB x 0.5 ns = 32.8 us of waiting: lz4 (20 us) pays, zstd (200 us) does not.
+        assert_eq!(
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                some_wait
+            ),
+            Codec::Lz4
+        );
+    }
+
+    #[test]
+    fn auto_keeps_a_codec_that_pays_and_retries_after_a_while() {
+        let mut p = AutoPolicy::new();
+        assert_eq!(p.next_block(), None);
+        // 64 KiB -> 16 KiB in 20 us at 1 ns/byte: 48 us of device time saved.
+        let c = p.choose(
+            65536,
+            Some((16384, 20_000)),
+            Some((12000, 200_000)),
+            bound(1.0),
+        );
+        assert_eq!(c, Codec::Lz4);
+        for _ in 0..AUTO_KEEP {
+            assert_eq!(p.next_block(), Some(Codec::Lz4));
+        }
+        assert_eq!(p.next_block(), None);
+        // On a slow device (10 MB/s) zstd's better ratio pays for its extra CPU.
+        assert_eq!(
+            p.choose(
+                65536,
+                Some((16384, 20_000)),
+                Some((8000, 200_000)),
+                bound(100.0)
+            ),
+            Codec::Zstd(1)
+        );
+    }
+
+    #[test]
+    fn auto_stores_raw_when_the_cpu_costs_more_than_the_device_time_saved() {
+        let mut p = AutoPolicy::new();
+        // A fast device (0.1 ns/byte): 48 KiB saved is 4.9 us, the codec took 20 us.
+        assert_eq!(
+            p.choose(65536, Some((16384, 20_000)), None, bound(0.1)),
+            Codec::Raw
+        );
+        assert_eq!(p.next_block(), Some(Codec::Raw));
+        assert_eq!(p.next_block(), None);
+    }
+
+    #[test]
+    fn auto_backs_off_exponentially_on_incompressible_data() {
+        let mut p = AutoPolicy::new();
+        let mut trials = 0;
+        for _ in 0..2000 {
+            if p.next_block().is_none() {
+                trials += 1;
+                assert_eq!(p.choose(65536, None, None, bound(1.0)), Codec::Raw);
+            }
+        }
+        // 1 + 2 + 4 + ... + 256, then every 257 blocks: 9 trials for the first 511 blocks,
+        // 2000 blocks take 9 + ceil((2000 - 520) / 257) trials.
+        assert!(trials <= 16, "{trials} trials in 2000 blocks");
+        // Then one block that pays resets the back-off.
+        while p.next_block().is_some() {}
+        assert_eq!(
+            p.choose(65536, Some((1000, 1000)), None, bound(1.0)),
+            Codec::Lz4
+        );
+        assert_eq!(p.backoff, 0);
+    }
+}
