@@ -326,7 +326,19 @@ impl StateInner {
             && let Ok(mut inner) = shell.downcast::<StateInner>()
             && let Some(s) = Arc::get_mut(&mut inner)
         {
+            let maps = s.maps.take();
             *s = StateInner::new(task, lane, entries, counts);
+            // The mapping counts of the last state, if no record of it holds them any more
+            // and they fit (a mapped read allocates nothing for them then).
+            if let Some(mut m) = maps
+                && m.len() == s.segments
+                && let Some(counts) = Arc::get_mut(&mut m)
+            {
+                for c in counts.iter_mut() {
+                    *c.get_mut() = 0;
+                }
+                let _ = s.maps.set(m);
+            }
             return inner;
         }
         Arc::new(StateInner::new(task, lane, entries, counts))
