@@ -116,7 +116,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             .map(|d| (d.parent.fd.clone(), d.segment_rel(r.seg)));
         match op {
             Some((fd, name)) => {
-                let op = Op {
+                let mut op = Op {
                     kind: OpKind::Unlink {
                         dir: fd,
                         name,
@@ -134,7 +134,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
                         sink.arrived();
                         continue;
                     }
-                    let res = core.io.run_inline(&op);
+                    let res = core.io.run_inline(&mut op);
                     op.complete(res);
                 } else {
                     core.io.submit(0, op);

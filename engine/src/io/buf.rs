@@ -42,8 +42,26 @@ pub(crate) struct IoBuf {
     /// The block (format v2) open in this buffer: where its header is reserved and how many
     /// records it holds so far; sealed when the buffer is written.
     pub block: Option<OpenBlock>,
+    /// Bytes counted in `len` that are not copied in yet: the I/O thread that writes the
+    /// buffer copies them first ([`IoBuf::apply_fills`]), so a producer's large record is
+    /// copied off its thread (write-behind of the copy, direct mode).
+    fills: [Option<Fill>; FILLS],
     pool: Arc<BufferPool>,
 }
+
+/// A deferred copy of `src[src_at..src_at + len]` to the buffer's offset `at`.
+#[derive(Debug)]
+struct Fill {
+    src: bytes::Bytes,
+    src_at: usize,
+    /// Offset and length in the buffer (a buffer is smaller than 4 GiB: `io_buffer_size`).
+    at: u32,
+    len: u32,
+}
+
+/// Deferred copies one buffer holds at most (the rest are copied at once): a buffer of large
+/// records holds the tail of one and the head of the next.
+const FILLS: usize = 2;
 
 impl IoBuf {
     pub(crate) fn capacity(&self) -> usize {
@@ -88,6 +106,35 @@ impl IoBuf {
 
     pub(crate) fn remaining(&self) -> usize {
         self.capacity() - self.len
+    }
+
+    /// Appends `src[src_at..src_at + len]` (the caller checked it fits) as a deferred copy,
+    /// made by [`IoBuf::apply_fills`] before the buffer is written; copies it now when the
+    /// buffer holds [`FILLS`] deferred copies already. Nothing may read these bytes before.
+    pub(crate) fn push_deferred(&mut self, src: &bytes::Bytes, src_at: usize, len: usize) {
+        let at = self.len;
+        match self.fills.iter_mut().find(|f| f.is_none()) {
+            Some(slot) if at + len <= u32::MAX as usize => {
+                *slot = Some(Fill {
+                    src: src.clone(),
+                    src_at,
+                    at: at as u32,
+                    len: len as u32,
+                });
+                self.len += len;
+            }
+            _ => self.push(&src[src_at..src_at + len]),
+        }
+    }
+
+    /// Makes the deferred copies (on the thread that writes the buffer).
+    pub(crate) fn apply_fills(&mut self) {
+        for i in 0..FILLS {
+            if let Some(f) = self.fills[i].take() {
+                let (at, len) = (f.at as usize, f.len as usize);
+                self.space()[at..at + len].copy_from_slice(&f.src[f.src_at..f.src_at + len]);
+            }
+        }
     }
 
     /// Marks the buffer as held by a submitted write: it comes back to the pool by itself, so
@@ -482,6 +529,7 @@ impl BufferPool {
             in_flight: false,
             pool: self.clone(),
             block: None,
+            fills: Default::default(),
         }
     }
 

@@ -60,3 +60,38 @@ fn buffers_shrink_as_the_budget_fills_and_never_pass_it() {
     p.wait_returned(epoch);
     assert!(p.try_get(0).is_ok());
 }
+
+/// Deferred copies (write-behind of a large record's copy): the bytes land where they were
+/// placed once the writing thread applies them, the buffer's length counts them from the
+/// start, a buffer holding `FILLS` already copies the next at once, and a buffer dropped
+/// without being written lets go of the records it referenced.
+#[test]
+fn deferred_copies_land_in_place_and_let_go_of_their_records() {
+    let p = BufferPool::new(64 << 10, 0, 4, 1 << 20);
+    let mut b = p.try_get(0).unwrap();
+    let rec = bytes::Bytes::from((0..40_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    b.push(b"head");
+    for k in 0..6 {
+        b.push_deferred(&rec, k * 1000, 1000);
+    }
+    b.push(b"tail");
+    assert_eq!(b.len, 4 + 6000 + 4, "deferred bytes count at once");
+    assert_eq!(
+        b.fills.iter().filter(|f| f.is_some()).count(),
+        FILLS,
+        "the third to sixth were copied at once"
+    );
+    b.apply_fills();
+    assert!(b.fills.iter().all(Option::is_none));
+    assert_eq!(&b.filled()[..4], b"head");
+    assert_eq!(&b.filled()[4..6004], &rec[..6000]);
+    assert_eq!(&b.filled()[6004..], b"tail");
+    // Dropped unwritten (a writer that failed): its references to the record go.
+    let mut c = p.try_get(0).unwrap();
+    c.push_deferred(&rec, 0, 2000);
+    drop(c);
+    assert!(
+        rec.is_unique(),
+        "a dropped buffer keeps no reference to the record"
+    );
+}

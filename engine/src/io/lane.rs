@@ -12,6 +12,9 @@ use crate::sys::errno;
 
 use super::*;
 
+/// What a lane's channel carries. An op is moved in whole (about 200 bytes, its staging
+/// buffer's deferred copies included): boxing it would allocate per write.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Msg {
     Op(Op),
     Shutdown,

@@ -155,7 +155,8 @@ impl IoHandle {
     /// result without completing it (the caller does, or uses the result itself). For work the
     /// caller would wait for anyway: a blocking `finish`'s last write, a small cleanup batch on
     /// the worker's own thread. Two thread hand-offs saved.
-    pub(crate) fn run_inline(&self, op: &Op) -> io::Result<usize> {
+    pub(crate) fn run_inline(&self, op: &mut Op) -> io::Result<usize> {
+        op.apply_fills();
         psync::perform(op, &self.fault)
     }
 

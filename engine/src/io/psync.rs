@@ -53,11 +53,12 @@ pub(crate) fn spawn(
         })
 }
 
-fn run(op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
+fn run(mut op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
     if deadline.passed() {
         // A shutdown's budget ran out before this op started: it is not started at all.
         return op.complete(Err(abandoned()));
     }
+    op.apply_fills();
     let res = perform(&op, fault);
     op.complete(res);
 }

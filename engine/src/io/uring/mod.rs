@@ -245,11 +245,12 @@ impl Ring {
         }
     }
 
-    fn start(&mut self, op: Op) {
+    fn start(&mut self, mut op: Op) {
         if self.deadline.passed() {
             // A shutdown's budget ran out before this op started: it is not started at all.
             return op.complete(Err(abandoned()));
         }
+        op.apply_fills();
         let is_unlink = matches!(op.kind, OpKind::Unlink { .. });
         if is_unlink && self.unlinks_inflight >= MAX_UNLINKS {
             self.unlinks.push_back(op);

@@ -241,7 +241,7 @@ impl SpillWriter {
         seg.staged_at += len as u64;
         // Counted in flight: a writer short of buffer budget may wait for it to come back.
         buf.mark_in_flight();
-        let op = Op {
+        let mut op = Op {
             kind: OpKind::Write {
                 file,
                 offset,
@@ -252,7 +252,7 @@ impl SpillWriter {
         };
         if inline && self.shared.tracker.st.lock().inflight == 0 {
             let token = op.token as u32;
-            return match self.core.io.run_inline(&op) {
+            return match self.core.io.run_inline(&mut op) {
                 Ok(_) => Poll::Ready(Ok(())),
                 Err(e) => Poll::Ready(Err(self.write_error(token, e))),
             };

@@ -16,6 +16,10 @@ use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
 use crate::io::{Op, OpKind, WriteData};
 use crate::metrics::Counters;
 
+/// The least part of a record that a staging buffer copies on its I/O thread rather than the
+/// caller's (`IoBuf::push_deferred`); smaller parts are copied at once.
+const DEFER_MIN: usize = 64 << 10;
+
 /// A record being placed (kept across `Pending` so async writes resume where they stopped).
 pub(super) struct Placing {
     rec: Bytes,
@@ -153,7 +157,7 @@ impl SpillWriter {
             let total = LARGE_PREFIX_LEN + len;
             while p.done < total {
                 let rec = p.rec.clone();
-                ready_ok!(self.copy_some(&prefix, &rec, &mut p.done, wait));
+                ready_ok!(self.copy_some(&prefix, &rec, Some(&rec), &mut p.done, wait));
             }
             if p.pad > 0 {
                 let Some(buf) = self.staging.as_mut() else {
@@ -210,7 +214,7 @@ impl SpillWriter {
         let total = LARGE_PREFIX_LEN + rec.len();
         let mut done = 0;
         while done < total {
-            ready_ok!(self.copy_some(&prefix, rec, &mut done, wait));
+            ready_ok!(self.copy_some(&prefix, rec, None, &mut done, wait));
         }
         if let Some(s) = self.seg.as_mut() {
             s.logical += total as u64;
@@ -331,6 +335,7 @@ impl SpillWriter {
         &mut self,
         frame: &[u8],
         payload: &[u8],
+        owned: Option<&Bytes>,
         done: &mut usize,
         wait: &mut Wait<'_, '_>,
     ) -> Poll<Result<()>> {
@@ -352,7 +357,14 @@ impl SpillWriter {
         if *done >= flen {
             let at = *done - flen;
             let n = (payload.len() - at).min(buf.remaining());
-            buf.push(&payload[at..at + n]);
+            match owned {
+                // The I/O thread that writes the buffer copies it (write-behind of the copy:
+                // the producer's thread goes on computing meanwhile). Nothing reads a large
+                // record's bytes from the buffer before: its block checksum was taken from
+                // the record.
+                Some(rec) if n >= DEFER_MIN => buf.push_deferred(rec, at, n),
+                _ => buf.push(&payload[at..at + n]),
+            }
             *done += n;
         }
         Poll::Ready(Ok(()))
