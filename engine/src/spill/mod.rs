@@ -5,6 +5,7 @@
 
 pub(crate) mod grant;
 pub(crate) mod reader;
+pub(crate) mod segment_read;
 pub(crate) mod segment_reader;
 pub(crate) mod state;
 pub(crate) mod task;

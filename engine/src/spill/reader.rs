@@ -32,7 +32,7 @@
 //! with plain `read` instead of through the engine.
 
 use std::future::poll_fn;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -44,9 +44,10 @@ use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::crypt::BlockKey;
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{DECODE_POOL, FileHandle, Offloaded, Reaped, Reaper};
+use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper};
 use crate::metrics::Counters;
 use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
+use crate::spill::segment_read::{ReadSmall, SegmentFd, read_small, touch_pages};
 use crate::store::dir::TaskDir;
 
 /// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
@@ -458,71 +459,6 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         generation,
         dir,
     })
-}
-
-/// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
-/// thread): the page faults of a cold map are taken here, so the reader's caller finds the
-/// pages resident.
-fn touch_pages(map: &[u8]) {
-    let mut acc = 0u8;
-    for i in (0..map.len()).step_by(4096) {
-        acc ^= map[i];
-    }
-    std::hint::black_box(acc);
-}
-
-/// A segment's fd for one open: the writer's, kept with the file, or one opened here (closed
-/// when the open is done: a map needs no fd).
-enum SegmentFd {
-    Kept(Arc<FileHandle>),
-    Opened(OwnedFd),
-}
-
-impl AsFd for SegmentFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            SegmentFd::Kept(h) => h.as_fd(),
-            SegmentFd::Opened(fd) => fd.as_fd(),
-        }
-    }
-}
-
-/// Why [`read_small`] failed.
-enum ReadSmall {
-    Io(std::io::Error),
-    /// The file ends inside its header, after this many bytes.
-    Short(usize),
-}
-
-/// One `pread` of a small segment's `end` written bytes into a kept read buffer
-/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a short
-/// read is a truncated file (no fstat).
-fn read_small(
-    core: &crate::core::Core,
-    file: BorrowedFd<'_>,
-    end: usize,
-) -> std::result::Result<Bytes, ReadSmall> {
-    let mut buf = core.read_bufs.take(end);
-    let got = read_up_to(file, buf.space()).map_err(ReadSmall::Io)?;
-    if got < HEADER_LEN {
-        return Err(ReadSmall::Short(got));
-    }
-    buf.truncate(got);
-    Ok(Bytes::from_owner(buf))
-}
-
-/// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.
-fn read_up_to(file: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match crate::sys::rw::pread(file, &mut buf[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// The largest decoded length a compressed block may claim (a damaged header never makes a

@@ -6,7 +6,7 @@ use std::io;
 use std::task::Poll;
 use std::time::Instant;
 
-use super::rotate::trimmed_len;
+use super::alloc::trimmed_len;
 use super::seal::open_block;
 use super::{SpillWriter, Wait, blocking};
 use crate::config::DIRECT_ALIGN;

@@ -43,6 +43,7 @@ macro_rules! ready_ok {
     };
 }
 
+mod alloc;
 mod codec;
 mod flush;
 mod hook;
@@ -54,9 +55,10 @@ mod slot;
 
 pub use slot::RecordSlot;
 
+use alloc::trim_allocations;
 use hook::WriterShared;
 use place::Placing;
-use rotate::{OpenSegment, Opened, trim_allocations};
+use rotate::{OpenSegment, Opened};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -273,7 +275,7 @@ impl SpillWriter {
         })
         .await;
         self.settle(r)?;
-        if rotate::needs_trim(&self.shared) {
+        if alloc::needs_trim(&self.shared) {
             let (core, shared, direct) = (self.core.clone(), self.shared.clone(), self.direct);
             let mut job = self
                 .core
