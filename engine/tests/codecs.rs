@@ -17,6 +17,7 @@ per_backend!(
     every_codec_round_trips_random_and_lineitem_rows_in_both_modes,
     records_of_a_decompressed_block_outlive_the_reader_and_the_state,
     a_segment_file_of_compressed_blocks_reads_back_without_an_engine,
+    a_large_records_tail_then_a_compressed_block_in_one_buffer_round_trip,
 );
 
 const CODECS: [Compression; 4] = [
@@ -261,6 +262,64 @@ fn a_segment_file_of_compressed_blocks_reads_back_without_an_engine(b: BackendKi
             }
             assert_eq!(got.len(), recs.len(), "{codec:?} {mode:?}");
             assert!(got.iter().zip(&recs).all(|(g, r)| g[..] == r[..]));
+        }
+    }
+}
+
+/// Records larger than a staging buffer (copied into buffers, their large parts by the I/O
+/// thread that writes each buffer: deferred copies), each followed by compressible rows, with
+/// every codec and in both modes: every record reads back. (Here the rows' blocks started in
+/// buffers of their own; `seal_block` also makes a buffer's deferred copies before it moves
+/// the bytes ahead of a compressed block to a second buffer.)
+fn a_large_records_tail_then_a_compressed_block_in_one_buffer_round_trip(b: BackendKind) {
+    for mode in [spillring::WriteMode::Buffered, spillring::WriteMode::Direct] {
+        for codec in [Compression::Lz4, Compression::Zstd { level: 1 }] {
+            let dir = tempfile::tempdir().unwrap();
+            let engine = Engine::open(
+                cfg(dir.path(), b)
+                    .mode(mode)
+                    .io_buffer_size(256 << 10)
+                    // Large records are copied through buffers in buffered mode too.
+                    .large_record_threshold(64 << 20)
+                    .compression(codec),
+            )
+            .unwrap();
+            let task = engine.task("tail").unwrap();
+            let mut w = task.writer().unwrap();
+            let mut rng = StdRng::seed_from_u64(5);
+            let mut want = Vec::new();
+            for round in 0..3u64 {
+                // 400 KiB: one full buffer and a 144 KiB tail, both deferred copies.
+                let big: Vec<u8> = (0..400 << 10)
+                    .map(|i: u64| (i * 31 + round) as u8)
+                    .collect();
+                want.push(big.clone());
+                w.write(Bytes::from(big)).unwrap();
+                // Compressible rows after it, in the tail's buffer: a block that shrinks.
+                for i in 0..200 {
+                    let row = lineitem(round * 1000 + i, &mut rng);
+                    want.push(row.clone());
+                    w.write(Bytes::from(row)).unwrap();
+                }
+            }
+            let st = w.finish().unwrap();
+            let m = engine.metrics();
+            assert!(
+                m.blocks_lz4 + m.blocks_zstd > 0,
+                "{mode:?} {codec:?}: some block compressed: {m:?}"
+            );
+            let got: Vec<Bytes> = st
+                .reader()
+                .unwrap()
+                .map(|r| r.unwrap_or_else(|e| panic!("{mode:?} {codec:?}: {e}")))
+                .collect();
+            assert_eq!(got.len(), want.len(), "{mode:?} {codec:?}");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(&g[..], &w[..], "{mode:?} {codec:?}: record {k}");
+            }
+            drop((got, st));
+            task.close();
+            assert_clean(&engine, dir.path());
         }
     }
 }

@@ -112,6 +112,9 @@ impl SpillWriter {
             };
             match n {
                 Some(n) => {
+                    // The bytes before the block move to the other buffer: any deferred copy
+                    // among them is made first (here, on the writer's thread).
+                    buf.apply_fills();
                     o.space()[..ob.at].copy_from_slice(&buf.filled()[..ob.at]);
                     o.len = body + n;
                     out = Some(o);
