@@ -17,7 +17,7 @@ per_backend!(
     every_codec_round_trips_random_and_lineitem_rows_in_both_modes,
     records_of_a_decompressed_block_outlive_the_reader_and_the_state,
     a_segment_file_of_compressed_blocks_reads_back_without_an_engine,
-    a_large_records_tail_then_a_compressed_block_in_one_buffer_round_trip,
+    large_records_among_compressed_rows_round_trip,
 );
 
 const CODECS: [Compression; 4] = [
@@ -271,7 +271,7 @@ fn a_segment_file_of_compressed_blocks_reads_back_without_an_engine(b: BackendKi
 /// every codec and in both modes: every record reads back. (Here the rows' blocks started in
 /// buffers of their own; `seal_block` also makes a buffer's deferred copies before it moves
 /// the bytes ahead of a compressed block to a second buffer.)
-fn a_large_records_tail_then_a_compressed_block_in_one_buffer_round_trip(b: BackendKind) {
+fn large_records_among_compressed_rows_round_trip(b: BackendKind) {
     for mode in [spillring::WriteMode::Buffered, spillring::WriteMode::Direct] {
         for codec in [Compression::Lz4, Compression::Zstd { level: 1 }] {
             let dir = tempfile::tempdir().unwrap();
