@@ -272,7 +272,7 @@ fn a_segment_file_of_compressed_blocks_reads_back_without_an_engine(b: BackendKi
 /// buffers of their own; `seal_block` also makes a buffer's deferred copies before it moves
 /// the bytes ahead of a compressed block to a second buffer.)
 fn large_records_among_compressed_rows_round_trip(b: BackendKind) {
-    for mode in [spillring::WriteMode::Buffered, spillring::WriteMode::Direct] {
+    for mode in both_modes() {
         for codec in [Compression::Lz4, Compression::Zstd { level: 1 }] {
             let dir = tempfile::tempdir().unwrap();
             let engine = Engine::open(

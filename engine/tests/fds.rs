@@ -242,7 +242,7 @@ fn fds_into(dir: &Path) -> usize {
 fn sealed_segments_keep_their_fds_within_the_bound_and_close_them_with_their_deletes(
     b: BackendKind,
 ) {
-    for mode in [WriteMode::Buffered, WriteMode::Direct] {
+    for mode in both_modes() {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(
             cfg(dir.path(), b)

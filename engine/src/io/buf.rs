@@ -43,8 +43,8 @@ pub(crate) struct IoBuf {
     /// records it holds so far; sealed when the buffer is written.
     pub block: Option<OpenBlock>,
     /// Bytes counted in `len` that are not copied in yet: the I/O thread that writes the
-    /// buffer copies them first ([`IoBuf::apply_fills`]), so a producer's large record is
-    /// copied off its thread (write-behind of the copy, direct mode).
+    /// buffer copies them first ([`IoBuf::apply_fills`]), so a large record that goes through
+    /// staging buffers (direct mode, encryption) is copied off the producer's thread.
     fills: [Option<Fill>; FILLS],
     pool: Arc<BufferPool>,
 }

@@ -123,14 +123,6 @@ pub(crate) enum WriteData {
 }
 
 impl WriteData {
-    /// Makes a staging buffer's deferred copies (see [`IoBuf::push_deferred`]): the thread
-    /// that writes the op calls this first.
-    pub(crate) fn apply_fills(&mut self) {
-        if let WriteData::Staged(b) = self {
-            b.apply_fills();
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
         match self {
             WriteData::Staged(b) => b.len,
@@ -231,8 +223,12 @@ impl Op {
     /// Makes a write's deferred copies into its staging buffer (see
     /// [`IoBuf::push_deferred`]); every path that writes an op calls this first.
     pub(crate) fn apply_fills(&mut self) {
-        if let OpKind::Write { data, .. } = &mut self.kind {
-            data.apply_fills();
+        if let OpKind::Write {
+            data: WriteData::Staged(b),
+            ..
+        } = &mut self.kind
+        {
+            b.apply_fills();
         }
     }
 
