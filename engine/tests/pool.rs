@@ -24,6 +24,8 @@ per_backend!(
     shutdown_empties_the_pool,
     a_pooled_file_whose_reuse_fails_is_deleted_once,
     cancels_racing_releases_into_the_pool_release_every_ticket_once,
+    a_kept_map_serves_the_next_use_and_shows_only_it,
+    publish_lets_go_of_a_kept_map,
 );
 
 fn spill(task: &TaskSpill, first: u64, n: u64, len: usize) -> spillring::SpilledState {
@@ -75,7 +77,7 @@ fn a_reused_file_shows_only_its_last_use(b: BackendKind) {
     assert!(now < long_len, "{now} >= {long_len}");
     drop(short);
     task.close();
-    assert_clean(&engine, dir.path());
+    assert_clean_and_unmapped(&engine, dir.path());
 }
 
 /// A record a caller holds keeps its bytes after its state is released and the next spills
@@ -118,7 +120,7 @@ fn a_held_record_never_changes_across_release_and_reuse(b: BackendKind) {
     assert_eq!(&held[..], &record(9000, 1000)[..], "a held record changed");
     drop((again, held));
     task.close();
-    assert_clean(&engine, dir.path());
+    assert_clean_and_unmapped(&engine, dir.path());
 }
 
 /// A writer that took a pooled file is cancelled: the file is deleted once, its ticket released
@@ -145,7 +147,7 @@ fn cancel_of_a_writer_on_a_reused_file_deletes_it_once(b: BackendKind) {
         "{m:?}"
     );
     warm.close();
-    assert_clean(&engine, dir.path());
+    assert_clean_and_unmapped(&engine, dir.path());
 }
 
 /// Pooled files hold tickets. A writer on a root whose pool is empty, refused by a full
@@ -196,7 +198,7 @@ fn the_pool_keeps_its_bounds(b: BackendKind) {
     );
     assert_eq!(segment_files(dir.path()), 2);
     task.close();
-    assert_clean(&engine, dir.path());
+    assert_clean_and_unmapped(&engine, dir.path());
 }
 
 /// `pool_max_bytes` holds to the byte: a release whose segment would pass it deletes that
@@ -219,7 +221,7 @@ fn the_pool_keeps_its_byte_bound_exactly(b: BackendKind) {
         "{m:?}"
     );
     task.close();
-    assert_clean(&engine, dir.path());
+    assert_clean_and_unmapped(&engine, dir.path());
 }
 
 /// With either bound at 0 the pool is off: writers neither take from it nor count misses, and
@@ -246,7 +248,7 @@ fn a_pool_turned_off_takes_no_part(b: BackendKind) {
             "segments_off {segments_off}: {m:?}"
         );
         task.close();
-        assert_clean(&engine, dir.path());
+        assert_clean_and_unmapped(&engine, dir.path());
     }
 }
 
@@ -294,7 +296,7 @@ fn a_pooled_file_whose_reuse_fails_is_deleted_once(b: BackendKind) {
     assert_eq!(m.tickets_used, 1, "{m:?}");
     drop((got, st));
     task.close();
-    let m = assert_clean(&engine, dir.path());
+    let m = assert_clean_and_unmapped(&engine, dir.path());
     assert_eq!(m.files_already_absent, m0.files_already_absent + 1, "{m:?}");
 }
 
@@ -361,11 +363,92 @@ fn cancels_racing_releases_into_the_pool_release_every_ticket_once(b: BackendKin
             "round {round}: every file left is pooled: {m:?}"
         );
     }
-    let m = assert_clean(&engine, dir.path());
+    let m = assert_clean_and_unmapped(&engine, dir.path());
     assert!(m.pool_hits > 0, "no reuse happened: {m:?}");
     assert_eq!(
         m.files_deleted + m.files_already_absent,
         m.segments_created,
         "every file created was deleted exactly once: {m:?}"
     );
+}
+
+/// Buffered mode keeps a mapped segment's map with its pooled file: the reader of the file's
+/// next use reads through it (no second map), sees only that use's records when it is shorter
+/// than the map, maps anew when it is longer, and the map goes with the file.
+fn a_kept_map_serves_the_next_use_and_shows_only_it(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).segment_size(4 << 20)).unwrap();
+    let task = engine.task("kept-map").unwrap();
+    // 600 KB: past `read_buffer_max` (256 KiB), so mapped.
+    let first = spill(&task, 0, 600, 1000);
+    let path = first.paths()[0].clone();
+    let got = read_all(&first);
+    assert_eq!(got.len(), 600);
+    assert_eq!(&got[599][..], &record(599, 1000)[..]);
+    drop((got, first));
+    assert_eq!(engine.metrics().pool_segments, 1, "the segment was pooled");
+    assert!(engine.settle(T));
+    assert_eq!(
+        mappings_of(&path),
+        1,
+        "its map was kept with the pooled file"
+    );
+
+    // Shorter (300 KB, still mapped): the kept map is longer than this use.
+    let short = spill(&task, 1000, 300, 1000);
+    assert_eq!(
+        short.paths(),
+        vec![path.clone()],
+        "the pooled file was reused"
+    );
+    let got = read_all(&short);
+    assert_eq!(got.len(), 300, "records of the earlier use were returned");
+    for (k, rec) in got.iter().enumerate() {
+        assert_eq!(&rec[..], &record(1000 + k as u64, 1000)[..]);
+    }
+    assert_eq!(
+        mappings_of(&path),
+        1,
+        "the kept map was read through, none made"
+    );
+    drop((got, short));
+
+    // Longer (1.5 MB): the kept map is too short, so the reader maps the file anew.
+    let long = spill(&task, 5000, 1500, 1000);
+    assert_eq!(long.paths(), vec![path.clone()]);
+    let got = read_all(&long);
+    assert_eq!(got.len(), 1500);
+    for (k, rec) in got.iter().enumerate() {
+        assert_eq!(&rec[..], &record(5000 + k as u64, 1000)[..]);
+    }
+    drop((got, long));
+    assert!(engine.settle(T));
+    assert_eq!(mappings_of(&path), 1, "the new map replaced the short one");
+    task.close();
+    // The pooled file's delete unmaps it.
+    assert_clean_and_unmapped(&engine, dir.path());
+    assert_eq!(mappings_of(&path), 0);
+}
+
+/// A published file is the caller's: the engine leaves no map of it (the map a reader left
+/// with it goes at the publish).
+fn publish_lets_go_of_a_kept_map(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir_in(dir.path()).unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).segment_size(4 << 20)).unwrap();
+    let task = engine.task("publish-map").unwrap();
+    let st = spill(&task, 0, 600, 1000);
+    assert_eq!(read_all(&st).len(), 600);
+    assert!(engine.settle(T));
+    assert_eq!(mappings_of(&st.paths()[0]), 1, "the reader's map was kept");
+    let files = st.publish(dest.path(), "out").unwrap();
+    assert!(engine.settle(T));
+    assert_eq!(
+        mappings_of(&files[0]),
+        0,
+        "a map of the published file was left"
+    );
+    task.close();
+    std::fs::remove_dir_all(dest.path()).unwrap();
+    assert_clean_and_unmapped(&engine, dir.path());
 }

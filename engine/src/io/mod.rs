@@ -11,6 +11,7 @@ mod decode;
 mod fdcache;
 mod gate;
 mod handoff;
+mod keptmap;
 mod lane;
 mod offload;
 mod op;
@@ -23,6 +24,7 @@ pub(crate) use buf::{BufferPool, IoBuf, OpenBlock, Short, Take};
 pub(crate) use decode::DECODE_POOL;
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
+pub(crate) use keptmap::{KeptMaps, SharedMap};
 pub(crate) use lane::*;
 pub(crate) use offload::{Offload, Offloaded};
 pub(crate) use op::*;
@@ -51,6 +53,7 @@ pub(crate) struct IoHandle {
     reaper: Reaper,
     fault: Option<Arc<FaultPlan>>,
     fds: Arc<FdCache>,
+    maps: Arc<KeptMaps>,
     offload: Offload,
 }
 
@@ -127,6 +130,7 @@ impl IoHandle {
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
             fds: FdCache::new(setup.max_open_files),
+            maps: Arc::default(),
             offload: Offload::new(),
         }
     }
@@ -134,6 +138,11 @@ impl IoHandle {
     /// The bound on segment fds writers hold, shared by every lane and backend.
     pub(crate) fn fds(&self) -> &Arc<FdCache> {
         &self.fds
+    }
+
+    /// The bound on segment maps kept with pooled files (`keptmap.rs`).
+    pub(crate) fn kept_maps(&self) -> &Arc<KeptMaps> {
+        &self.maps
     }
 
     /// The staging buffers.

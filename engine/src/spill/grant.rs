@@ -77,6 +77,12 @@ impl<T> Grants<T> {
         f(&self.owned.lock().entries)
     }
 
+    /// Runs `f` on the files held, to change one in place (none once they are gone or
+    /// published).
+    pub(crate) fn with_entries_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> R {
+        f(&mut self.owned.lock().entries)
+    }
+
     /// Takes a grant unless the files are already gone. Waits for a publish under way to end.
     pub(crate) fn acquire(&self) -> Result<()> {
         let mut o = self.owned.lock();
@@ -180,6 +186,8 @@ pub(crate) struct SegmentAt {
     pub(crate) generation: u32,
     /// The writer's fd, kept with the file (buffered mode), if still open.
     pub(crate) fd: Option<Arc<crate::io::FileHandle>>,
+    /// The map a reader of the file's last use left with it (buffered mode).
+    pub(crate) map: Option<crate::io::SharedMap>,
 }
 
 /// What a state's handles share: its files under their [`Grants`], and where to hand them back.
@@ -282,8 +290,21 @@ impl StateInner {
                 len: e.len,
                 generation: e.generation,
                 fd: if plain { e.kept_fd() } else { None },
+                map: if plain { e.map.clone() } else { None },
             })
         })
+    }
+
+    /// Keeps `map`, just made of segment `i` (use `generation`), with its file for the
+    /// readers of the file's next uses; a no-op once the files are gone.
+    pub(crate) fn keep_map(&self, i: usize, generation: u32, map: crate::io::SharedMap) {
+        self.files.with_entries_mut(|es| {
+            if let Some(e) = es.get_mut(i)
+                && e.generation == generation
+            {
+                e.map = Some(map);
+            }
+        });
     }
 
     pub(crate) fn segment_count(&self) -> usize {

@@ -6,11 +6,19 @@
 //! (cheaper than map + unmap at that size, and such records hold no mapping); a larger one is
 //! mapped, and its records are zero-copy views of the map.
 //!
+//! In buffered mode, with the segment pool on, a map is kept with its file (within a bound:
+//! `io/keptmap.rs`) and the reader of the pooled file's next use reads through it: no map, no
+//! page fault and no unmap per use (its page tables still point at the file's page cache,
+//! which the next writer filled in place). It is used only through the fd the file kept
+//! (the same inode) and only when it covers the use's bytes.
+//!
 //! Safety of the maps: segment files are private (0600, in a 0700 directory, opened with
-//! `O_NOFOLLOW`), and the engine never writes or truncates a segment after its writer
-//! finished. A map may outlive the state (a `Bytes` kept after the reader is gone): the file's
-//! name is deleted on schedule, its blocks are freed when the last `Bytes` goes, and that final
-//! unmap runs on the engine's reaper thread.
+//! `O_NOFOLLOW`), and the engine never writes or truncates a segment while a record of a map
+//! of it is alive (a segment goes back to the pool, where a writer may take it, only once no
+//! record of it is). A kept map is only dereferenced through the records of a reader of the
+//! sealed segment. A map may outlive the state (a `Bytes` kept after the reader is gone): the
+//! file's name is deleted on schedule, its blocks are freed when the last `Bytes` goes, and
+//! that final unmap runs on the engine's reaper thread.
 //!
 //! # SIGBUS: what a caller must not do
 //!
@@ -44,15 +52,23 @@ use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::crypt::BlockKey;
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper};
+use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
 use crate::spill::segment_read::{ReadSmall, SegmentFd, read_small, touch_pages};
 use crate::store::dir::TaskDir;
 
-/// Owns a segment's map for `Bytes::from_owner`; unmaps on the reaper thread.
+/// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
+enum MapRef {
+    Own(Mmap),
+    Kept(SharedMap),
+}
+
+/// Owns a segment's map for `Bytes::from_owner` (its first `len` bytes are the records'); an
+/// own map is unmapped on the reaper thread, a kept one when its last holder lets go.
 struct MapOwner {
-    map: Option<Mmap>,
+    map: Option<MapRef>,
+    len: usize,
     reaper: Reaper,
     /// The state's count of live mappings of this segment (see `StateInner::maps`).
     maps: Arc<[AtomicUsize]>,
@@ -61,14 +77,21 @@ struct MapOwner {
 
 impl AsRef<[u8]> for MapOwner {
     fn as_ref(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
+        let all: &[u8] = match &self.map {
+            Some(MapRef::Own(m)) => m,
+            Some(MapRef::Kept(m)) => m.bytes(),
+            None => &[],
+        };
+        &all[..self.len.min(all.len())]
     }
 }
 
 impl Drop for MapOwner {
     fn drop(&mut self) {
-        if let Some(m) = self.map.take() {
-            self.reaper.reap(Reaped::Map(m));
+        match self.map.take() {
+            Some(MapRef::Own(m)) => self.reaper.reap(Reaped::Map(m)),
+            Some(MapRef::Kept(m)) => drop(m),
+            None => {}
         }
         if let Some(c) = self.maps.get(self.index) {
             c.fetch_sub(1, Ordering::AcqRel);
@@ -357,6 +380,7 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         len: written,
         generation,
         fd: kept,
+        map: kept_map,
     } = at;
     let name = SegmentFileName::new(seg);
     let path = || dir.path.join(name.as_str());
@@ -409,27 +433,50 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         if len < HEADER_LEN {
             return Err(corrupt(size, "segment truncated inside its header"));
         }
-        // See the module docs: the file is private, opened without following links, and
-        // never written or truncated by the engine while a mapping of it is alive (a
-        // mapped segment does not go back to the pool); the map covers only bytes that
-        // exist (`len <= size`).
-        let map = crate::sys::mem::map_segment(file.as_fd(), len)
-            .map_err(|e| SpillError::io("mmap", path(), e))?;
-        // Sequential doubles the readahead window. (WillNeed on the whole segment was
-        // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
-        let _ = map.advise(Advice::Sequential);
-        if warm {
-            touch_pages(&map);
-        }
+        let through_kept_fd = matches!(file, SegmentFd::Kept(_));
+        let map = match kept_map {
+            // The map a reader of the file's last use left with it: the same file (its fd was
+            // kept throughout), whose page cache this use's writer filled in place. No map,
+            // no page fault.
+            Some(m) if through_kept_fd && m.len() >= len => MapRef::Kept(m),
+            _ => {
+                // See the module docs: the file is private, opened without following links,
+                // and never written or truncated by the engine while a record of a mapping
+                // of it is alive (a mapped segment does not go back to the pool); the map
+                // covers only bytes that exist (`len <= size`).
+                let map = crate::sys::mem::map_segment(file.as_fd(), len)
+                    .map_err(|e| SpillError::io("mmap", path(), e))?;
+                // Sequential doubles the readahead window. (WillNeed on the whole segment was
+                // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
+                let _ = map.advise(Advice::Sequential);
+                // Kept with a file the pool may reuse, for the reader of its next use.
+                if through_kept_fd && core.store.pool.enabled() {
+                    match core.io.kept_maps().keep(map, core.io.reaper()) {
+                        Ok(shared) => {
+                            state.keep_map(i, generation, shared.clone());
+                            MapRef::Kept(shared)
+                        }
+                        Err(map) => MapRef::Own(map),
+                    }
+                } else {
+                    MapRef::Own(map)
+                }
+            }
+        };
         if let Some(c) = state.maps().get(i) {
             c.fetch_add(1, Ordering::AcqRel);
         }
-        Bytes::from_owner(MapOwner {
+        let bytes = Bytes::from_owner(MapOwner {
             map: Some(map),
+            len,
             reaper: core.io.reaper().clone(),
             maps: state.maps().clone(),
             index: i,
-        })
+        });
+        if warm {
+            touch_pages(&bytes);
+        }
+        bytes
     };
     drop(file);
     let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;

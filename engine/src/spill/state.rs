@@ -213,11 +213,12 @@ impl SpilledState {
             .map(|i| Target::new(dest, prefix, i))
             .collect::<Result<_>>()?;
         let mut entries = inner.files.begin_publish()?;
-        // Files may leave our directories now: no engine path may use an fd kept with one
-        // after (a reader would read, and a pooled reuse write, a file the caller was given).
-        // From here the state's files are opened by name.
+        // Files may leave our directories now: no engine path may use an fd or a map kept
+        // with one after (a reader would read, and a pooled reuse write, a file the caller was
+        // given). From here the state's files are opened by name (and mapped anew).
         for e in &mut entries {
             drop(e.file.take());
+            drop(e.map.take());
         }
         let core = inner.core().clone();
         let task_plan = inner.task().and_then(|t| t.fault_plan());

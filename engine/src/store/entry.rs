@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::format::segment::SegmentFileName;
-use crate::io::{CachedFile, FileHandle};
+use crate::io::{CachedFile, FileHandle, SharedMap};
 use crate::store::dir::TaskDir;
 use crate::store::ledger::Ticket;
 use crate::store::queue::CleanupQueue;
@@ -36,6 +36,10 @@ pub(crate) struct SegmentEntry {
     /// pool's next writer use it instead of opening the file by name. Closed (on the reaper)
     /// when the entry ends, after the file's delete was queued.
     pub file: Option<CachedFile>,
+    /// The map its last reader made (buffered mode, within the engine's bound on kept maps:
+    /// `io/keptmap.rs`), kept with the file for the reader of its next use. Only records of a
+    /// reader of a sealed segment read through it.
+    pub map: Option<SharedMap>,
 }
 
 /// What an operator sees of one segment file the engine owns (`Engine::list_files`).
@@ -60,6 +64,7 @@ impl SegmentEntry {
             ticket: Some(ticket),
             since: Instant::now(),
             file: None,
+            map: None,
         }
     }
 
@@ -78,9 +83,11 @@ impl SegmentEntry {
         }
     }
 
-    /// The same entry for use `generation` of its file.
-    pub(crate) fn with_generation(mut self, generation: u32) -> Self {
+    /// The same entry for use `generation` of its file, with the map its last use's reader
+    /// left (if any).
+    pub(crate) fn with_generation(mut self, generation: u32, map: Option<SharedMap>) -> Self {
         self.generation = generation;
+        self.map = map;
         self
     }
 

@@ -11,13 +11,16 @@ use memmap2::{Mmap, MmapOptions};
 ///
 /// For segment files only, under the contract in `spill/reader.rs`'s module docs: the file is
 /// private to the engine (0600, in a 0700 directory, opened with `O_NOFOLLOW`), its writer has
-/// finished, and the engine never writes, truncates or `fallocate`s it again while a map of
-/// it lives. The caller passes `len <= ` the file's size as it just read it (`fstat`), so the
-/// map covers only bytes that exist.
+/// finished, and the engine never writes, truncates or `fallocate`s it again while a record
+/// (a reference into the map) lives. (A map kept with a pooled file, `io/keptmap.rs`, lives
+/// on while the pool's next writer writes the file, but nothing refers into it then: it is
+/// read only through the records of a reader of a sealed use, each within that use's length
+/// and the file's size.) The caller passes `len <= ` the file's size as it just read it
+/// (`fstat`), so the map covers only bytes that exist.
 pub(crate) fn map_segment(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mmap> {
     // SAFETY: `Mmap` hands out `&[u8]` into the file's pages, which is sound only while
-    // nothing changes the mapped bytes and the file is not shrunk under the map. Under the
-    // contract above the engine does neither: a segment is private, opened without following
+    // nothing changes the mapped bytes and the file is not shrunk under the map while such a
+    // reference lives. Under the contract above the engine does neither: a segment is private, opened without following
     // links, and never written, truncated or `fallocate`d after its writer finished, and the
     // map covers only bytes that existed when it was made. What the engine cannot exclude is
     // documented in `spill/reader.rs` ("SIGBUS: what a caller must not do"): a media error

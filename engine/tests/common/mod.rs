@@ -200,6 +200,41 @@ pub fn assert_clean(engine: &Engine, root: &Path) -> Metrics {
     m
 }
 
+/// [`assert_clean`], and no map of a segment file is left (a record a test still holds keeps
+/// its map, so tests that hold none call this): a map left of a deleted segment would hold
+/// its blocks and pages for good.
+pub fn assert_clean_and_unmapped(engine: &Engine, root: &Path) -> Metrics {
+    let m = assert_clean(engine, root);
+    assert_eq!(
+        mappings_under(root),
+        Vec::<String>::new(),
+        "maps of segment files left"
+    );
+    m
+}
+
+/// The lines of `/proc/self/maps` that map a file under `root` (a deleted file's line ends in
+/// ` (deleted)`).
+pub fn mappings_under(root: &Path) -> Vec<String> {
+    let root = root.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("read /proc/self/maps")
+        .lines()
+        .filter(|l| l.contains(&root))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// How many maps of `path` (alive or deleted) the process has.
+pub fn mappings_of(path: &Path) -> usize {
+    let p = path.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("read /proc/self/maps")
+        .lines()
+        .filter(|l| l.ends_with(&p) || l.ends_with(&format!("{p} (deleted)")))
+        .count()
+}
+
 /// Deterministic pseudo-random bytes for record `i` of length `len`.
 pub fn record(i: u64, len: usize) -> Vec<u8> {
     let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

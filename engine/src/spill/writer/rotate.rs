@@ -17,7 +17,7 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf};
+use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::task::TaskShared;
 use crate::store::dir::{self, TaskDir};
@@ -77,15 +77,16 @@ pub(super) enum SegFile {
     /// its permit.
     Opened(OwnedFd, FdPermit),
     /// The fd a pooled file kept from its last use (already counted), with a handle to it
-    /// that keeps the engine's fd bound from closing it until the writer starts on it.
-    Kept(CachedFile, Arc<FileHandle>),
+    /// that keeps the engine's fd bound from closing it until the writer starts on it, and
+    /// the map its last reader left (of the same file: the fd proves it).
+    Kept(CachedFile, Arc<FileHandle>, Option<SharedMap>),
 }
 
 impl SegFile {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             SegFile::Opened(fd, _) => fd.as_fd(),
-            SegFile::Kept(_, h) => h.as_fd(),
+            SegFile::Kept(_, h, _) => h.as_fd(),
         }
     }
 }
@@ -177,7 +178,7 @@ impl SpillWriter {
                     .fds()
                     .install(fd, permit, self.core.io.reaper().clone())
             }
-            SegFile::Kept(file, _in_use) => file,
+            SegFile::Kept(file, _in_use, _) => file,
         };
         let mut buf = match o.buf {
             Some(b) => b,
@@ -324,9 +325,10 @@ impl Rotor {
                 && crate::sys::fs::link_count(h.as_fd()).is_ok_and(|n| n > 0)
                 && let Some(file) = e.file.take()
             {
-                return Ok(SegFile::Kept(file, h));
+                return Ok(SegFile::Kept(file, h, e.map.take()));
             }
             drop(e.file.take());
+            drop(e.map.take());
             let fds = core.io.fds();
             // Counted in the engine's bound: the permit comes first (waits at the bound).
             let permit = fds.permit();
@@ -559,8 +561,15 @@ impl Rotor {
     /// the file list and its descriptor. If the hook ran meanwhile, deletes it: `Aborted`.
     fn record_segment(&self, made: Created) -> Result<(usize, SegFile)> {
         let Created {
-            r, fd, generation, ..
+            r,
+            mut fd,
+            generation,
+            ..
         } = made;
+        let map = match &mut fd {
+            SegFile::Kept(_, _, map) => map.take(),
+            SegFile::Opened(..) => None,
+        };
         // The write-after-delete window: a scope closed right here must not leave this file.
         let task_plan = self.task.fault_plan();
         let _ = fault::check2(
@@ -568,11 +577,9 @@ impl Rotor {
             &self.core.fault,
             FaultPoint::WriterAfterCreate,
         );
-        match self
-            .shared
-            .files
-            .record(SegmentEntry::new(r.dir.clone(), r.seg, r.ticket).with_generation(generation))
-        {
+        match self.shared.files.record(
+            SegmentEntry::new(r.dir.clone(), r.seg, r.ticket).with_generation(generation, map),
+        ) {
             Ok(i) => Ok((i, fd)),
             Err(entry) => {
                 drop(fd);
