@@ -216,6 +216,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         deadline: Arc::default(),
         reaper: reaper.clone(),
         max_open_files: cfg.max_open_files,
+        page_cache_writes: cfg.mode == crate::config::WriteMode::Buffered,
     };
     match cfg.backend {
         BackendKind::Psync => IoHandle::start_psync(&setup),

@@ -78,6 +78,10 @@ pub(crate) struct IoSetup {
     pub reaper: Reaper,
     /// The bound on segment fds writers hold (`max_open_files`).
     pub max_open_files: usize,
+    /// Page-cache writes (buffered mode): a ring thread makes them itself with `pwritev`
+    /// rather than through io_uring, which cannot make them without blocking and hands each
+    /// to an io-wq worker: two more thread wake-ups per write (see `uring/mod.rs`).
+    pub page_cache_writes: bool,
 }
 
 impl IoHandle {

@@ -73,6 +73,8 @@ struct Ring {
     registered: Vec<bool>,
     fault: Option<Arc<FaultPlan>>,
     cqes: Vec<(u64, i32)>,
+    /// Writes go to the page cache: made here with `pwritev` (see [`Ring::start`]).
+    page_cache_writes: bool,
 }
 
 // SAFETY: the raw pointers in `Slot::iov` point into buffers owned by the slot's own op, which
@@ -138,6 +140,7 @@ pub(crate) fn spawn(
         fixed,
         registered: vec![false; if fixed { nslots } else { 0 }],
         fault: setup.fault.clone(),
+        page_cache_writes: setup.page_cache_writes,
         cqes: Vec::with_capacity(entries as usize * 2),
     };
     let join = std::thread::Builder::new()
@@ -269,6 +272,20 @@ impl Ring {
             }
             Injected::None => None,
         };
+        if self.page_cache_writes && !is_unlink {
+            // A page-cache write: io_uring tries it without blocking, fails (ext4 and tmpfs
+            // cannot), and hands it to an io-wq worker, whose completion wakes this thread,
+            // which wakes the writer: four wake-ups per write where the psync backend has two,
+            // and a wake-up of an idle vCPU costs tens of µs on a VM. Made here, the write
+            // blocks this ring for its copy into the page cache (io-wq serialises writes to
+            // one inode anyway); its unlinks still go through the ring.
+            let res = super::psync::execute(&op.kind);
+            let res = match fail_after {
+                Some(e) => res.and(Err(io::Error::from_raw_os_error(e))),
+                None => res,
+            };
+            return op.complete(res);
+        }
         let Some(idx) = self.free.pop() else {
             self.backlog.push_front(op);
             return;
