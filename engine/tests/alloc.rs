@@ -104,7 +104,7 @@ fn cycle(engine: &Engine, payload: &Bytes) -> usize {
 fn a_spill_cycle_allocates_at_most_twice(backend: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(EngineConfig::new(dir.path()).backend(backend)).unwrap();
-    for size in [4 << 10, 64 << 10] {
+    for size in [4 << 10, 64 << 10, 1 << 20] {
         let payload = Bytes::from(record(size as u64, size));
         for _ in 0..256 {
             assert_eq!(cycle(&engine, &payload), size);

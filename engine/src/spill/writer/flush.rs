@@ -247,7 +247,7 @@ impl SpillWriter {
                 offset,
                 data: WriteData::Staged(buf),
             },
-            sink: self.shared.clone(),
+            sink: self.shared.tracker.clone(),
             token: seg.entry_index as u64,
         };
         if inline && self.shared.tracker.st.lock().inflight == 0 {

@@ -150,7 +150,10 @@ pub(super) struct WriterShared {
     core: Arc<Core>,
     lane: usize,
     pub(super) files: AbortableFiles<SegmentEntry>,
-    pub(super) tracker: Tracker,
+    /// The writes in flight. The ops' completion sink: an I/O thread holds it (not the whole
+    /// shell) until it dropped a completed op, so the shell can be recycled the moment the
+    /// writer is done, and the tracker with it once nothing is in flight.
+    pub(super) tracker: Arc<Tracker>,
 }
 
 impl WriterShared {
@@ -166,16 +169,16 @@ impl WriterShared {
             w.lane = lane;
             return shared;
         }
-        Arc::new(WriterShared::fresh(core.clone(), lane))
+        Arc::new(WriterShared::fresh(core.clone(), lane, Arc::default()))
     }
 
-    fn fresh(core: Arc<Core>, lane: usize) -> Self {
+    fn fresh(core: Arc<Core>, lane: usize, tracker: Arc<Tracker>) -> Self {
         let list = core.entry_lists.take().unwrap_or_default();
         WriterShared {
             core,
             lane,
             files: AbortableFiles::with_list(list),
-            tracker: Tracker::default(),
+            tracker,
         }
     }
 
@@ -191,16 +194,31 @@ impl WriterShared {
             return;
         }
         let core = w.core.clone();
-        *w = WriterShared::fresh(core, w.lane);
+        // With nothing in flight the tracker is reset and kept: an I/O thread may still hold
+        // it for a moment, only to drop it (a completion's last steps, `notify_all` and the
+        // waker it took, touch no state the reset clears). With writes still in flight (a
+        // writer dropped mid-write) they will complete into it: the shell gets a new one.
+        let tracker = {
+            let mut st = w.tracker.st.lock();
+            if st.inflight == 0 {
+                st.error = None;
+                st.waker = None;
+                None
+            } else {
+                Some(Arc::default())
+            }
+        }
+        .unwrap_or_else(|| w.tracker.clone());
+        *w = WriterShared::fresh(core, w.lane, tracker);
         let shell: crate::core::Shell = this.clone();
         // A full or closed shelf gives the clone back; it drops here.
         let _ = this.core.writer_shells.put(shell);
     }
 }
 
-impl OpSink for WriterShared {
+impl OpSink for Tracker {
     fn complete(&self, token: u64, res: io::Result<usize>) {
-        self.tracker.complete(token, res);
+        self.op_done(token, res);
     }
 }
 
@@ -259,7 +277,7 @@ pub(super) struct TrackState {
 }
 
 impl Tracker {
-    fn complete(&self, token: u64, res: io::Result<usize>) {
+    fn op_done(&self, token: u64, res: io::Result<usize>) {
         let waker = {
             let mut s = self.st.lock();
             s.inflight -= 1;

@@ -149,7 +149,7 @@ impl SpillWriter {
                         payload: p.rec.clone(),
                     },
                 },
-                sink: self.shared.clone(),
+                sink: self.shared.tracker.clone(),
                 token: seg.entry_index as u64,
             };
             self.submit(op);
