@@ -40,9 +40,16 @@ cargo build --release -p spillring-sort --bins
 SORTBIN="$TARGET/release/spillring-sort"
 EXTBIN="$TARGET/release/extsort-baseline"
 
-DIR="${SORT_DIR:-$(mktemp -d /var/tmp/spillring-sort.XXXXXX)}"
-mkdir -p "$DIR"
-trap 'rm -rf "$DIR"/in.dat "$DIR"/out.* "$DIR"/spill "$DIR"/gnutmp "$DIR"/exttmp' EXIT
+if [[ -n "${SORT_DIR:-}" ]]; then
+    DIR="$SORT_DIR"
+    mkdir -p "$DIR"
+    # The caller's directory stays (with runs.tsv); what this run made in it goes.
+    trap 'rm -rf "$DIR"/in.dat "$DIR"/out.* "$DIR"/spill "$DIR"/gnutmp "$DIR"/exttmp' EXIT
+else
+    DIR="$(mktemp -d /var/tmp/spillring-sort.XXXXXX)"
+    # A directory of our own goes whole (runs.tsv included: its figures are in the report).
+    trap 'rm -rf "$DIR"' EXIT
+fi
 RECORDS=$(( MIB * 1048576 / 100 ))
 echo "generating $RECORDS records ($MIB MiB) in $DIR"
 "$SORTBIN" --generate "$RECORDS" --seed 20261201 --output "$DIR/in.dat"

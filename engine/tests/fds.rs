@@ -29,10 +29,6 @@ per_backend!(
     sealed_segments_keep_their_fds_within_the_bound_and_close_them_with_their_deletes,
 );
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// Sets the soft `RLIMIT_NOFILE` to `soft`; returns the previous limits.
 fn set_nofile(soft: u64) -> libc::rlimit {
     let mut old = libc::rlimit {
@@ -140,7 +136,7 @@ fn emfile_from_the_os_closes_an_idle_fd_and_the_create_goes_on(b: BackendKind) {
     let engine = open(dir.path(), b);
     warm(&engine);
     let task = engine.task("fds").unwrap();
-    let base = open_fds();
+    let base = fd_count();
     let guard = NofileGuard::set((base + 6) as u64);
     let mut writers = Vec::new();
     for i in 0..64u64 {
@@ -188,7 +184,7 @@ fn eviction_and_reopen_keep_every_record_in_both_modes(b: BackendKind) {
         )
         .unwrap();
         warm(&engine);
-        let base = open_fds();
+        let base = fd_count();
         let task = engine.task("evict").unwrap();
         let mut writers: Vec<_> = (0..8).map(|_| task.writer().unwrap()).collect();
         // Record i is written by writer i % 8 in round i / 8: each writer gets every length.
@@ -202,7 +198,7 @@ fn eviction_and_reopen_keep_every_record_in_both_modes(b: BackendKind) {
                 peak = peak.max(fd_stats(&engine).open);
             }
         }
-        let fds_while_open = open_fds();
+        let fds_while_open = fd_count();
         let states: Vec<_> = writers.into_iter().map(|w| w.finish().unwrap()).collect();
         let st = fd_stats(&engine);
         assert!(peak <= 2, "{mode:?}: {peak} counted fds open, bound 2");
@@ -228,10 +224,9 @@ fn eviction_and_reopen_keep_every_record_in_both_modes(b: BackendKind) {
 
 /// Fds open in this process that point into `dir` (deleted files included).
 fn fds_into(dir: &Path) -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|t| t.starts_with(dir))
+    fd_paths()
+        .iter()
+        .filter(|(_, t)| t.starts_with(dir))
         .count()
 }
 
@@ -477,13 +472,13 @@ fn ten_thousand_open_spills_under_a_lowered_nofile_limit(b: BackendKind) {
     )
     .unwrap();
     warm(&engine);
-    let base = open_fds();
+    let base = fd_count();
     let limit = base + MAX + 1500;
     let guard = NofileGuard::set(limit as u64);
     let task = engine.task("ten-thousand").unwrap();
     let rec = |w: usize, k: u64| record(w as u64 * 4 + k, if k == 0 { 3000 } else { 200 });
     let over = |what: &str| {
-        let now = open_fds();
+        let now = fd_count();
         assert!(
             now <= base + MAX + SLACK,
             "{what}: {} extra fds (bound {MAX})",

@@ -111,20 +111,24 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// What each open fd of this process points at (for leak reports).
 pub fn fd_targets() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .expect("read /proc/self/fd")
-        .flatten()
-        .map(|e| {
-            let t = std::fs::read_link(e.path()).map(|p| p.display().to_string());
-            format!(
-                "{} -> {}",
-                e.file_name().to_string_lossy(),
-                t.unwrap_or_default()
-            )
-        })
+    let mut v: Vec<String> = fd_paths()
+        .into_iter()
+        .map(|(fd, t)| format!("{fd} -> {}", t.display()))
         .collect();
     v.sort();
     v
+}
+
+/// This process's open fds and what each points to (empty when it cannot be read).
+pub fn fd_paths() -> Vec<(String, PathBuf)> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .flatten()
+        .map(|e| {
+            let t = std::fs::read_link(e.path()).unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), t)
+        })
+        .collect()
 }
 
 /// Every regular file under `root`, recursively.
