@@ -875,8 +875,8 @@ def main():
                        f(r["allocs"]["allocs_per_write"], 4), f(r["allocs"]["writes"]), "≤ 2", "0") for r in hot["rows"]]), ""]
         if any(not r["met"] and r["value"] is not None for r in rows if r["figure"].startswith("spill cycle")):
             md += ["### Where a cycle's time goes", "",
-                   "Caller-side phase medians (µs) of the pool-on engine's cycle on the tmpfs root; the engine's I/O runs on its ring thread",
-                   "and io_uring's io-wq workers, so a phase that waits is a thread round trip:", ""]
+                   "Caller-side phase medians (µs) of the pool-on engine's cycle on the tmpfs root; the engine's writes run on its ring thread",
+                   "(buffered mode: `pwritev` there) and its deletes on io_uring's io-wq workers, so a phase that waits is a thread round trip:", ""]
             names = [p["phase"] for p in hot["rows"][0]["phases"]]
             md += [table(["phase"] + [r["record"] for r in hot["rows"]],
                          [(n, *[f(next(p["us_median"] for p in r["phases"] if p["phase"] == n), 1) for r in hot["rows"]]) for n in names]), ""]
@@ -885,8 +885,8 @@ def main():
             if profiles.get("hot") and "error" not in profiles["hot"]:
                 md += ["Samples of `do_sched_yield`, `__schedule` and `__sched_yield` on the bench's own thread are its",
                        "yield loop waiting for the delete confirmation, not engine work; `iou-wrk` is io_uring's worker",
-                       "pool (unlinkat and buffered writes that could not complete inline), `spillring-reape` closes",
-                       "files and unmaps read-back maps (`smp_call_function_many_cond` is munmap's TLB shootdown).", ""]
+                       "pool (unlinkat), `spillring-reape` closes files and unmaps read-back maps not kept with their",
+                       "pooled files (`smp_call_function_many_cond` is munmap's TLB shootdown).", ""]
         if any(not r["met"] and r["value"] is not None for r in rows if r["figure"].startswith("heap allocations")):
             r = next((r for r in hot["rows"] if r["record"] == "64KiB"), hot["rows"][0])
             cyc = dhat_sites(r["allocs"]["dhat_cycle_sites"], "tbk", r["allocs"]["cycles"])
