@@ -10,6 +10,7 @@
 #   loom_grants_*           spill/grant.rs (models in grant_loom.rs) grant release and publish against scope close
 
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
+#   loom_op_slot_*          io/op.rs    a writer taking its queued write back against the I/O thread
 #   loom_sleep_wake_*       io/uring/wake.rs the ring thread's sleep/wake handshake
 #   loom_ledger_*           store/ledger.rs ticket reserve/grow/shrink/retain/release (1, 3)
 #   loom_worker_batch_*     cleanup/worker.rs a batch's outcomes reach the worker, each at its name (4)
@@ -57,6 +58,6 @@ run() {
 
 start=$SECONDS
 run - loom_abortable_files loom_grants loom_worker_batch
-run 5 loom_lane_gate loom_sleep_wake
+run 5 loom_lane_gate loom_sleep_wake loom_op_slot
 run 3 loom_ledger
 echo "loom.sh: every model passed in $((SECONDS - start)) s"

@@ -361,6 +361,7 @@ fn metrics(core: &Core) -> Metrics {
         pool_hits: g(&c.pool_hits),
         pool_misses: g(&c.pool_misses),
         pool_trims: g(&c.pool_trims),
+        writes_inline: g(&c.writes_inline),
         latency: c.latency.snapshot(),
         roots: core
             .store

@@ -211,6 +211,39 @@ pub(crate) enum OpKind {
         rmdir: bool,
         point: FaultPoint,
     },
+    /// The op in the slot, unless its submitter took it back to run it itself (see
+    /// [`OpSlot`]): an I/O thread runs what it finds there ([`Op::resolve`]); a claim's
+    /// outcome, if it never runs (abandoned, refused), is the op's ([`Op::complete`]). A
+    /// claim never reaches its own sink.
+    Claim(Arc<OpSlot>),
+}
+
+/// One op its submitter may take back before an I/O thread starts it: a blocking `finish`
+/// whose last write is still queued runs it on its own thread, two thread wake-ups saved.
+/// The slot's lock hands the op to exactly one of them.
+pub(crate) struct OpSlot<T = Op>(crate::sync::Mutex<Option<T>>);
+
+impl<T> Default for OpSlot<T> {
+    fn default() -> Self {
+        OpSlot(crate::sync::Mutex::new(None))
+    }
+}
+
+impl<T> OpSlot<T> {
+    /// Puts `op` in the empty slot; gives it back if the slot holds one already.
+    pub(crate) fn put(&self, op: T) -> std::result::Result<(), T> {
+        let mut s = self.0.lock();
+        if s.is_some() {
+            return Err(op);
+        }
+        *s = Some(op);
+        Ok(())
+    }
+
+    /// The op, if nobody took it yet.
+    pub(crate) fn take(&self) -> Option<T> {
+        self.0.lock().take()
+    }
 }
 
 pub(crate) struct Op {
@@ -234,8 +267,17 @@ impl Op {
 
     fn fault_point(&self) -> FaultPoint {
         match &self.kind {
-            OpKind::Write { .. } => FaultPoint::IoWrite,
+            OpKind::Write { .. } | OpKind::Claim(_) => FaultPoint::IoWrite,
             OpKind::Unlink { point, .. } => *point,
+        }
+    }
+
+    /// The op to run: this one, or for a claim the op in its slot (`None` once its submitter
+    /// took it back; the claim then ends here, unreported).
+    pub(crate) fn resolve(self) -> Option<Op> {
+        match &self.kind {
+            OpKind::Claim(slot) => slot.take(),
+            _ => Some(self),
         }
     }
 
@@ -245,6 +287,14 @@ impl Op {
     /// otherwise wait forever. Sinks update their own state before anything that can panic
     /// (a writer's in-flight count before its waker), so their waiters still see the outcome.
     pub(crate) fn complete(self, res: io::Result<usize>) {
+        if let OpKind::Claim(slot) = &self.kind {
+            // A claim that never ran (abandoned at a deadline, refused by a closed lane):
+            // the op in its slot, if its submitter did not take it back, ends the same way.
+            if let Some(op) = slot.take() {
+                op.complete(res);
+            }
+            return;
+        }
         let Op { kind, sink, token } = self;
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             sink.complete(token, res);
@@ -273,7 +323,7 @@ pub(crate) fn injected(plan: &Option<Arc<FaultPlan>>, op: &Op) -> Injected {
 pub(crate) fn skip_len(kind: &OpKind) -> usize {
     match kind {
         OpKind::Write { data, .. } => data.len(),
-        OpKind::Unlink { .. } => 0,
+        OpKind::Unlink { .. } | OpKind::Claim(_) => 0,
     }
 }
 
@@ -320,4 +370,111 @@ pub(crate) fn pwrite_all(
         done += n;
     }
     Ok(total)
+}
+
+#[cfg(all(test, not(loom)))]
+mod claim_tests {
+    use super::*;
+
+    /// Records each outcome it is given.
+    #[derive(Default)]
+    struct Outcomes(parking_lot::Mutex<Vec<Option<i32>>>);
+
+    impl OpSink for Outcomes {
+        fn complete(&self, _token: u64, res: io::Result<usize>) {
+            self.0.lock().push(res.err().and_then(|e| e.raw_os_error()));
+        }
+    }
+
+    fn write_op(sink: &Arc<Outcomes>) -> Op {
+        let f = tempfile::tempfile().unwrap();
+        Op {
+            kind: OpKind::Write {
+                file: FileHandle::new(OwnedFd::from(f), Reaper::inline()),
+                offset: 0,
+                data: WriteData::Framed {
+                    frame: [0; LARGE_PREFIX_LEN],
+                    payload: Bytes::from_static(b"x"),
+                },
+            },
+            sink: sink.clone(),
+            token: 7,
+        }
+    }
+
+    fn claim_of(slot: &Arc<OpSlot>, sink: &Arc<Outcomes>) -> Op {
+        Op {
+            kind: OpKind::Claim(slot.clone()),
+            sink: sink.clone(),
+            token: 0,
+        }
+    }
+
+    /// A claim resolves to the op in its slot once; after that (or after the submitter took
+    /// the op back) it resolves to nothing, and it never reports to its own sink.
+    #[test]
+    fn a_claim_resolves_to_its_op_once() {
+        let (inner, own) = (Arc::new(Outcomes::default()), Arc::new(Outcomes::default()));
+        let slot = Arc::new(OpSlot::default());
+        assert!(slot.put(write_op(&inner)).is_ok());
+        assert!(
+            slot.put(write_op(&inner)).is_err(),
+            "a full slot gives the op back"
+        );
+        let op = claim_of(&slot, &own).resolve().expect("the op in the slot");
+        assert_eq!(op.token, 7);
+        assert!(
+            claim_of(&slot, &own).resolve().is_none(),
+            "the slot is empty now"
+        );
+        assert!(slot.put(write_op(&inner)).is_ok());
+        assert!(slot.take().is_some(), "the submitter took it back");
+        assert!(claim_of(&slot, &own).resolve().is_none());
+        assert!(own.0.lock().is_empty() && inner.0.lock().is_empty());
+    }
+
+    /// A claim completed without running (abandoned, refused by a closed lane) completes the
+    /// op still in its slot with the same outcome, once; an empty slot's claim reports nothing.
+    #[test]
+    fn a_claim_that_never_ran_ends_its_op_the_same_way() {
+        let (inner, own) = (Arc::new(Outcomes::default()), Arc::new(Outcomes::default()));
+        let slot = Arc::new(OpSlot::default());
+        assert!(slot.put(write_op(&inner)).is_ok());
+        claim_of(&slot, &own).complete(Err(io::Error::from_raw_os_error(libc::ECANCELED)));
+        assert_eq!(*inner.0.lock(), vec![Some(libc::ECANCELED)]);
+        claim_of(&slot, &own).complete(Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(inner.0.lock().len(), 1, "the op ended once");
+        assert!(
+            own.0.lock().is_empty(),
+            "a claim never reaches its own sink"
+        );
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+
+    /// The I/O thread resolving a claim races the writer taking its op back: exactly one of
+    /// them gets the op, whatever the interleaving.
+    #[test]
+    fn loom_op_slot_hands_its_op_to_one_taker() {
+        loom::model(|| {
+            let slot = Arc::new(OpSlot::<u32>::default());
+            assert!(slot.put(5).is_ok());
+            let io = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.take())
+            };
+            let writer = slot.take();
+            let io = io.join().unwrap();
+            assert_eq!(
+                u32::from(writer.is_some()) + u32::from(io.is_some()),
+                1,
+                "the op went to {writer:?} and {io:?}"
+            );
+            assert!(slot.take().is_none());
+        });
+    }
 }

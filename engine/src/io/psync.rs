@@ -53,7 +53,8 @@ pub(crate) fn spawn(
         })
 }
 
-fn run(mut op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
+fn run(op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
+    let Some(mut op) = op.resolve() else { return };
     if deadline.passed() {
         // A shutdown's budget ran out before this op started: it is not started at all.
         return op.complete(Err(abandoned()));
@@ -85,5 +86,7 @@ pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
         OpKind::Unlink {
             dir, name, rmdir, ..
         } => crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), *rmdir).map(|()| 0),
+        // Resolved before it runs (`Op::resolve`): never executed itself.
+        OpKind::Claim(_) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
     }
 }

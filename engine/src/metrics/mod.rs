@@ -35,6 +35,7 @@ pub(crate) struct Counters {
     pub pool_hits: AtomicU64,
     pub pool_misses: AtomicU64,
     pub pool_trims: AtomicU64,
+    pub writes_inline: AtomicU64,
     /// Gauge: deletes queued to an I/O thread and not yet completed.
     pub deletes_in_flight: AtomicU64,
 
@@ -154,6 +155,10 @@ pub struct Metrics {
     /// Pooled files deleted: past the pool's bounds, under ledger or quota pressure, by
     /// `Engine::trim_pool`, or at shutdown.
     pub pool_trims: u64,
+    /// Writes a blocking `finish` made on its caller's thread, which waits for them anyway:
+    /// the segment's last staged write, or a queued write the writer took back before an I/O
+    /// thread started it (two thread wake-ups saved each).
+    pub writes_inline: u64,
     /// Latency histograms of the spill's stages.
     pub latency: LatencyMetrics,
     /// Per root in use (configuration order): the files the engine owns there and their bytes.

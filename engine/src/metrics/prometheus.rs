@@ -14,7 +14,7 @@ impl Metrics {
             "# HELP spillring_info Which backend and write mode run.\n# TYPE spillring_info gauge\nspillring_info{{backend=\"{}\",write_mode=\"{}\"}} 1",
             self.backend, self.write_mode
         );
-        let rows: [(&str, &str, &str, f64); 44] = [
+        let rows: [(&str, &str, &str, f64); 45] = [
             (
                 "tickets_used",
                 "gauge",
@@ -200,6 +200,12 @@ impl Metrics {
                 "counter",
                 "Segments created because the pool had none.",
                 self.pool_misses as f64,
+            ),
+            (
+                "writes_inline_total",
+                "counter",
+                "Writes a blocking finish made on its caller's thread.",
+                self.writes_inline as f64,
             ),
             (
                 "pool_trims_total",

@@ -248,7 +248,8 @@ impl Ring {
         }
     }
 
-    fn start(&mut self, mut op: Op) {
+    fn start(&mut self, op: Op) {
+        let Some(mut op) = op.resolve() else { return };
         if self.deadline.passed() {
             // A shutdown's budget ran out before this op started: it is not started at all.
             return op.complete(Err(abandoned()));
@@ -372,6 +373,8 @@ impl Ring {
             } => opcode::UnlinkAt::new(types::Fd(dir.raw()), name.as_ptr())
                 .flags(if *rmdir { libc::AT_REMOVEDIR } else { 0 })
                 .build(),
+            // Resolved in `start`: a claim never takes a slot.
+            OpKind::Claim(_) => opcode::Nop::new().build(),
         }
         .user_data(idx as u64);
         if let Err(e) = self.push(&entry) {
@@ -426,7 +429,7 @@ impl Ring {
                     }
                 }
             }
-            OpKind::Unlink { .. } => self.finish(idx, cqe_result(res)),
+            OpKind::Unlink { .. } | OpKind::Claim(_) => self.finish(idx, cqe_result(res)),
         }
     }
 

@@ -170,6 +170,34 @@ impl SpillWriter {
         self.core.io.submit(self.lane, op);
     }
 
+    /// Submits `op` so that this writer's blocking `finish` can take it back and run it on
+    /// its own thread if no I/O thread started it yet (it waits for it anyway): the op goes in
+    /// the writer's claim slot and a claim to the lane, which runs whatever the slot still
+    /// holds. One such op at a time: with the slot full, `op` is submitted as it is.
+    pub(super) fn submit_claimable(&mut self, op: Op) {
+        match self.shared.claim.put(op) {
+            Ok(()) => {
+                let claim = Op {
+                    kind: OpKind::Claim(self.shared.claim.clone()),
+                    sink: self.shared.tracker.clone(),
+                    token: 0,
+                };
+                self.submit(claim);
+            }
+            Err(op) => self.submit(op),
+        }
+    }
+
+    /// A blocking `finish`: the write this writer left claimable, if no I/O thread started
+    /// it, runs here (its outcome goes to the tracker as from an I/O thread).
+    fn run_claimed(&mut self) {
+        if let Some(mut op) = self.shared.claim.take() {
+            let res = self.core.io.run_inline(&mut op);
+            Counters::add(&self.core.counters.writes_inline, 1);
+            op.complete(res);
+        }
+    }
+
     /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
     /// zero-fills it to the alignment.
     pub(super) fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
@@ -251,6 +279,7 @@ impl SpillWriter {
             token: seg.entry_index as u64,
         };
         if inline && self.shared.tracker.st.lock().inflight == 0 {
+            Counters::add(&self.core.counters.writes_inline, 1);
             let token = op.token as u32;
             return match self.core.io.run_inline(&mut op) {
                 Ok(_) => Poll::Ready(Ok(())),
@@ -272,6 +301,9 @@ impl SpillWriter {
         }
         let direct = self.direct;
         let inline = last && matches!(wait, Wait::Block);
+        if inline {
+            self.run_claimed();
+        }
         ready_ok!(self.flush_staging_with(wait, direct, inline, true));
         if let Some(seg) = self.seg.take() {
             let mut f = self.shared.files.lock();

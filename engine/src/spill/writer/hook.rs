@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::cleanup::delete_segments;
 use crate::core::Core;
-use crate::io::OpSink;
+use crate::io::{OpSink, OpSlot};
 use crate::spill::task::Member;
 use crate::store::entry::SegmentEntry;
 use crate::sync;
@@ -154,6 +154,9 @@ pub(super) struct WriterShared {
     /// shell) until it dropped a completed op, so the shell can be recycled the moment the
     /// writer is done, and the tracker with it once nothing is in flight.
     pub(super) tracker: Arc<Tracker>,
+    /// The write a blocking `finish` may take back while it is still queued (see
+    /// `io::OpSlot`); kept with the shell like the tracker.
+    pub(super) claim: Arc<OpSlot>,
 }
 
 impl WriterShared {
@@ -169,16 +172,22 @@ impl WriterShared {
             w.lane = lane;
             return shared;
         }
-        Arc::new(WriterShared::fresh(core.clone(), lane, Arc::default()))
+        Arc::new(WriterShared::fresh(
+            core.clone(),
+            lane,
+            Arc::default(),
+            Arc::default(),
+        ))
     }
 
-    fn fresh(core: Arc<Core>, lane: usize, tracker: Arc<Tracker>) -> Self {
+    fn fresh(core: Arc<Core>, lane: usize, tracker: Arc<Tracker>, claim: Arc<OpSlot>) -> Self {
         let list = core.entry_lists.take().unwrap_or_default();
         WriterShared {
             core,
             lane,
             files: AbortableFiles::with_list(list),
             tracker,
+            claim,
         }
     }
 
@@ -209,7 +218,10 @@ impl WriterShared {
             }
         }
         .unwrap_or_else(|| w.tracker.clone());
-        *w = WriterShared::fresh(core, w.lane, tracker);
+        // The claim slot stays too: an op still in it is this writer's, and a claim still
+        // queued runs it; the next writer's claims go past a full slot.
+        let claim = w.claim.clone();
+        *w = WriterShared::fresh(core, w.lane, tracker, claim);
         let shell: crate::core::Shell = this.clone();
         // A full or closed shelf gives the clone back; it drops here.
         let _ = this.core.writer_shells.put(shell);

@@ -152,7 +152,12 @@ impl SpillWriter {
                 sink: self.shared.tracker.clone(),
                 token: seg.entry_index as u64,
             };
-            self.submit(op);
+            if matches!(wait, Wait::Block) {
+                // A blocking `finish` may take it back while it is still queued.
+                self.submit_claimable(op);
+            } else {
+                self.submit(op);
+            }
         } else {
             let total = LARGE_PREFIX_LEN + len;
             while p.done < total {
