@@ -76,9 +76,8 @@ pub(super) enum SegFile {
     /// Opened by this rotation (created, or a pooled file reopened by name), counted under
     /// its permit.
     Opened(OwnedFd, FdPermit),
-    /// The fd a pooled file kept from its last use (already counted), with a handle to it
-    /// that keeps the engine's fd bound from closing it until the writer starts on it, and
-    /// the map its last reader left (of the same file: the fd proves it).
+    /// The fd a pooled file kept from its last use (already counted), a handle that keeps the
+    /// fd bound from closing it until the writer starts, and its last reader's map (same inode).
     Kept(CachedFile, Arc<FileHandle>, Option<SharedMap>),
 }
 
@@ -316,11 +315,10 @@ impl Rotor {
         let generation = e.generation.wrapping_add(1);
         let name = SegmentFileName::new(e.seg);
         let reopened = e.grow_to(reserve).and_then(|()| {
-            // The fd the file kept from its last use, if the engine's fd bound has not closed
-            // it: no open and no close.
-            // A file unlinked behind the engine's back (its name gone, its fd still open) is
-            // of no use: one `fstat` tells, and the reopen by name below then fails, which
-            // deletes the entry once (its name found absent).
+            // The fd the file kept from its last use, if the fd bound has not closed it: no
+            // open and no close. A file unlinked behind the engine's back (its fd still open)
+            // is of no use: one `fstat` tells, and the reopen by name below then fails, which
+            // deletes the entry once (its name found absent). Only a kept fd carries the map on.
             if let Some(h) = e.kept_fd()
                 && crate::sys::fs::link_count(h.as_fd()).is_ok_and(|n| n > 0)
                 && let Some(file) = e.file.take()
@@ -328,7 +326,6 @@ impl Rotor {
                 return Ok(SegFile::Kept(file, h, e.map.take()));
             }
             drop(e.file.take());
-            drop(e.map.take());
             let fds = core.io.fds();
             // Counted in the engine's bound: the permit comes first (waits at the bound).
             let permit = fds.permit();
