@@ -27,6 +27,9 @@ use std::task::Waker;
 use memmap2::MmapMut;
 use parking_lot::{Condvar, Mutex};
 
+use super::fills::Fills;
+use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal};
+
 /// The smallest staging buffer (one direct-I/O block).
 pub(crate) const MIN_BUFFER: usize = 4096;
 
@@ -42,26 +45,12 @@ pub(crate) struct IoBuf {
     /// The block (format v2) open in this buffer: where its header is reserved and how many
     /// records it holds so far; sealed when the buffer is written.
     pub block: Option<OpenBlock>,
-    /// Bytes counted in `len` that are not copied in yet: the I/O thread that writes the
-    /// buffer copies them first ([`IoBuf::apply_fills`]), so a large record that goes through
-    /// staging buffers (direct mode, encryption) is copied off the producer's thread.
-    fills: [Option<Fill>; FILLS],
+    /// What the I/O thread that writes the buffer does first ([`IoBuf::apply_fills`]): the
+    /// copies of a large record's parts counted in `len` but not made yet, and a large
+    /// record's block header to finish, so the producer's thread does neither.
+    pub(super) fills: Fills,
     pool: Arc<BufferPool>,
 }
-
-/// A deferred copy of `src[src_at..src_at + len]` to the buffer's offset `at`.
-#[derive(Debug)]
-struct Fill {
-    src: bytes::Bytes,
-    src_at: usize,
-    /// Offset and length in the buffer (a buffer is smaller than 4 GiB: `io_buffer_size`).
-    at: u32,
-    len: u32,
-}
-
-/// Deferred copies one buffer holds at most (the rest are copied at once): a buffer of large
-/// records holds the tail of one and the head of the next.
-const FILLS: usize = 2;
 
 impl IoBuf {
     pub(crate) fn capacity(&self) -> usize {
@@ -110,30 +99,37 @@ impl IoBuf {
 
     /// Appends `src[src_at..src_at + len]` (the caller checked it fits) as a deferred copy,
     /// made by [`IoBuf::apply_fills`] before the buffer is written; copies it now when the
-    /// buffer holds [`FILLS`] deferred copies already. Nothing may read these bytes before.
+    /// buffer holds as many deferred copies as it can already. Nothing may read these bytes
+    /// before.
     pub(crate) fn push_deferred(&mut self, src: &bytes::Bytes, src_at: usize, len: usize) {
-        let at = self.len;
-        match self.fills.iter_mut().find(|f| f.is_none()) {
-            Some(slot) if at + len <= u32::MAX as usize => {
-                *slot = Some(Fill {
-                    src: src.clone(),
-                    src_at,
-                    at: at as u32,
-                    len: len as u32,
-                });
-                self.len += len;
-            }
-            _ => self.push(&src[src_at..src_at + len]),
+        if self.fills.copy_later(src, src_at, self.len, len) {
+            self.len += len;
+        } else {
+            self.push(&src[src_at..src_at + len]);
         }
     }
 
-    /// Makes the deferred copies (on the thread that writes the buffer).
+    /// Leaves the checksum of the block whose header is at `at` (pushed or about to be, all in
+    /// this buffer) to the thread that writes the buffer: `seal` takes all of `src` there and
+    /// the header is written over what was pushed. `Err(seal)` when the buffer has one such
+    /// header already: the caller finishes it itself.
+    pub(crate) fn defer_seal(
+        &mut self,
+        src: &bytes::Bytes,
+        at: usize,
+        seal: BlockSeal,
+    ) -> Result<(), BlockSeal> {
+        if at + BLOCK_HEADER_LEN > self.capacity() {
+            return Err(seal);
+        }
+        self.fills.seal_later(src, at, seal)
+    }
+
+    /// Makes the deferred copies and finishes the deferred block header (on the thread that
+    /// writes the buffer).
     pub(crate) fn apply_fills(&mut self) {
-        for i in 0..FILLS {
-            if let Some(f) = self.fills[i].take() {
-                let (at, len) = (f.at as usize, f.len as usize);
-                self.space()[at..at + len].copy_from_slice(&f.src[f.src_at..f.src_at + len]);
-            }
+        if let Some(m) = self.map.as_mut() {
+            self.fills.apply(&mut m[..]);
         }
     }
 
@@ -179,7 +175,9 @@ pub(crate) enum Short {
     Io(io::Error),
 }
 
-/// What [`BufferPool::try_take`] found.
+/// What [`BufferPool::try_take`] found. A value that lives for one call: boxing the buffer
+/// would allocate on every take of a free buffer, the hot path's.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Take {
     /// A free buffer.
     Free(IoBuf),
@@ -529,7 +527,7 @@ impl BufferPool {
             in_flight: false,
             pool: self.clone(),
             block: None,
-            fills: Default::default(),
+            fills: Fills::default(),
         }
     }
 

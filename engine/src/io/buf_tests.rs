@@ -1,4 +1,6 @@
 use super::*;
+use crate::format::block::{Binding, Codec, LARGE_PREFIX_LEN, record_frame};
+use crate::io::fills::FILLS;
 
 /// Issue 10: a write allocates nothing; a registered buffer's return used to grow the
 /// free list now and then (dhat: `put <- drop`, once per ~10,000 4 KiB writes).
@@ -77,18 +79,74 @@ fn deferred_copies_land_in_place_and_let_go_of_their_records() {
     b.push(b"tail");
     assert_eq!(b.len, 4 + 6000 + 4, "deferred bytes count at once");
     assert_eq!(
-        b.fills.iter().filter(|f| f.is_some()).count(),
+        b.fills.copies(),
         FILLS,
         "the third to sixth were copied at once"
     );
     b.apply_fills();
-    assert!(b.fills.iter().all(Option::is_none));
+    assert_eq!(b.fills.copies(), 0);
     assert_eq!(&b.filled()[..4], b"head");
     assert_eq!(&b.filled()[4..6004], &rec[..6000]);
     assert_eq!(&b.filled()[6004..], b"tail");
     // Dropped unwritten (a writer that failed): its references to the record go.
     let mut c = p.try_get(0).unwrap();
     c.push_deferred(&rec, 0, 2000);
+    drop(c);
+    assert!(
+        rec.is_unique(),
+        "a dropped buffer keeps no reference to the record"
+    );
+}
+
+/// A deferred block header (write-behind of a large record's checksum): the bytes pushed for
+/// the header stay as they are until the writing thread applies the fills, then are the
+/// header an eager seal gives; a buffer takes one, a second comes back to be sealed at once;
+/// a buffer dropped unwritten lets go of the record.
+#[test]
+fn a_deferred_seal_writes_the_header_an_eager_one_gives() {
+    let p = BufferPool::new(64 << 10, 0, 4, 1 << 20);
+    let mut b = p.try_get(0).unwrap();
+    let rec = bytes::Bytes::from((0..30_000u32).map(|i| (i % 241) as u8).collect::<Vec<u8>>());
+    let bind = Binding {
+        segment: 3,
+        generation: 9,
+    };
+    let frame = record_frame(rec.len());
+    let stored = (frame.len() + rec.len()) as u64;
+    let unsealed = || {
+        let mut s = BlockSeal::new(bind, 4096, Codec::Raw, stored, stored, 1, 0);
+        s.update(&frame);
+        s
+    };
+    let mut eager = unsealed();
+    eager.update(&rec);
+    let eager = eager.finish();
+    b.push(b"head");
+    let at = b.len;
+    assert!(b.defer_seal(&rec, at, unsealed()).is_ok());
+    assert!(b.fills.has_seal());
+    assert!(
+        b.defer_seal(&rec, at, unsealed()).is_err(),
+        "one deferred header per buffer"
+    );
+    b.push(&[0u8; BLOCK_HEADER_LEN]);
+    b.push(&frame);
+    b.push_deferred(&rec, 0, rec.len());
+    assert_eq!(
+        &b.filled()[at..at + BLOCK_HEADER_LEN],
+        &[0u8; BLOCK_HEADER_LEN][..],
+        "nothing sealed on the placing thread"
+    );
+    b.apply_fills();
+    assert!(!b.fills.has_seal());
+    assert_eq!(&b.filled()[at..at + BLOCK_HEADER_LEN], &eager[..]);
+    assert_eq!(
+        &b.filled()[at + BLOCK_HEADER_LEN..at + LARGE_PREFIX_LEN],
+        &frame[..]
+    );
+    assert_eq!(&b.filled()[at + LARGE_PREFIX_LEN..], &rec[..]);
+    let mut c = p.try_get(0).unwrap();
+    assert!(c.defer_seal(&rec, 0, unsealed()).is_ok());
     drop(c);
     assert!(
         rec.is_unique(),

@@ -9,6 +9,7 @@
 mod buf;
 mod decode;
 mod fdcache;
+mod fills;
 mod gate;
 mod handoff;
 mod keptmap;

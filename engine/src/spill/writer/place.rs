@@ -7,11 +7,11 @@ use std::task::Poll;
 
 use bytes::Bytes;
 
-use super::seal::{large_encrypted, large_prefix, open_block, seg_binding};
+use super::seal::{large_encrypted, large_prefix, large_prefix_unsealed, open_block, seg_binding};
 use super::{SpillWriter, Wait, blocking};
 use crate::config::{Compression, DIRECT_ALIGN};
 use crate::error::{Result, SpillError};
-use crate::format::block::{self, BLOCK_HEADER_LEN, Codec, LARGE_PREFIX_LEN};
+use crate::format::block::{self, BLOCK_HEADER_LEN, BlockSeal, Codec, LARGE_PREFIX_LEN};
 use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
 use crate::io::{Op, OpKind, WriteData};
 use crate::metrics::Counters;
@@ -25,6 +25,9 @@ pub(super) struct Placing {
     rec: Bytes,
     /// Block header + frame of a record that is a block of its own, once its offset is known.
     prefix: Option<[u8; LARGE_PREFIX_LEN]>,
+    /// The block's header still to finish over the record (its checksum), when the prefix was
+    /// made with it blank: see [`SpillWriter::place_seal`].
+    seal: Option<BlockSeal>,
     /// Zero bytes after a large record (direct mode: its block ends on 4 KiB).
     pad: usize,
     /// Bytes of prefix + payload placed.
@@ -42,6 +45,7 @@ impl Placing {
             vectored,
             rec,
             prefix: None,
+            seal: None,
             pad: 0,
             done: 0,
             planned: false,
@@ -115,9 +119,18 @@ impl SpillWriter {
                 let (prefix, ct) = large_encrypted(&self.core, bind, offset, &p.rec);
                 p.prefix = Some(prefix);
                 p.rec = ct;
+            } else if !p.vectored && len >= DEFER_MIN {
+                // Copied through staging buffers, its parts by the I/O thread: so is its
+                // checksum taken.
+                let (prefix, seal) = large_prefix_unsealed(bind, offset, len, p.pad);
+                p.prefix = Some(prefix);
+                p.seal = Some(seal);
             } else {
                 p.prefix = Some(large_prefix(bind, offset, &p.rec, p.pad));
             }
+        }
+        if p.seal.is_some() {
+            ready_ok!(self.place_seal(p, wait));
         }
         let Some(prefix) = p.prefix else {
             return Poll::Ready(Err(SpillError::WriterFailed));
@@ -180,6 +193,38 @@ impl SpillWriter {
         let block_len = (LARGE_PREFIX_LEN + len) as u64;
         self.count_block(Codec::Raw, block_len, block_len, 0);
         self.count_record(len);
+        Poll::Ready(Ok(()))
+    }
+
+    /// Write-behind of a large record's checksum: the block header goes into the staging
+    /// buffer blank, and the I/O thread that writes that buffer takes the checksum over the
+    /// record and writes the header (`IoBuf::defer_seal`), as it copies the record's parts.
+    /// Taken here instead when the prefix would not fit the buffer's room (its header split
+    /// over two buffers) or the buffer has a deferred header already. Nothing is placed
+    /// before: a `Pending` (waiting for a buffer) keeps the seal for the next poll.
+    fn place_seal(&mut self, p: &mut Placing, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
+            ready_ok!(self.flush_staging(wait, false));
+        }
+        if self.staging.is_none() {
+            ready_ok!(self.poll_buffer(0, wait));
+        }
+        let (Some(seal), Some(prefix)) = (p.seal.take(), p.prefix.as_mut()) else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let seal = match self.staging.as_mut() {
+            Some(buf) if buf.remaining() >= LARGE_PREFIX_LEN => {
+                let at = buf.len;
+                match buf.defer_seal(&p.rec, at, seal) {
+                    Ok(()) => return Poll::Ready(Ok(())),
+                    Err(seal) => seal,
+                }
+            }
+            _ => seal,
+        };
+        let mut seal = seal;
+        seal.update(&p.rec);
+        prefix[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
         Poll::Ready(Ok(()))
     }
 

@@ -220,15 +220,27 @@ pub(super) fn large_prefix(
     rec: &[u8],
     pad: usize,
 ) -> [u8; LARGE_PREFIX_LEN] {
-    let frame = block::record_frame(rec.len());
-    let stored = (FRAME_LEN + rec.len()) as u64;
+    let (mut p, mut seal) = large_prefix_unsealed(bind, offset, rec.len(), pad);
+    seal.update(rec);
+    p[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
+    p
+}
+
+/// [`large_prefix`] of a record of `len` bytes with its block header left blank, and the seal
+/// that gives the header once it has taken the record's bytes (the frame is in it already).
+pub(super) fn large_prefix_unsealed(
+    bind: Binding,
+    offset: u64,
+    len: usize,
+    pad: usize,
+) -> ([u8; LARGE_PREFIX_LEN], BlockSeal) {
+    let frame = block::record_frame(len);
+    let stored = (FRAME_LEN + len) as u64;
     let mut seal = BlockSeal::new(bind, offset, Codec::Raw, stored, stored, 1, pad as u32);
     seal.update(&frame);
-    seal.update(rec);
     let mut p = [0u8; LARGE_PREFIX_LEN];
-    p[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
     p[BLOCK_HEADER_LEN..].copy_from_slice(&frame);
-    p
+    (p, seal)
 }
 
 /// Seals a block (see [`block::seal_in_place`]) with the engine's key if it has one, counting
