@@ -406,7 +406,7 @@ GOALS += [
     Goal("repeat", "back-to-back direct spills, median of rounds 2-6: engine pool on / pool off",
          "repeat", lambda d: d["pool_on_vs_pool_off"]["median"], ">=", 2.0,
          shown=lambda d: stats_spread(d["pool_on_vs_pool_off"])),
-    Goal("repeat", "same rounds: engine pool off / fio (a pool-on engine 2x it would outrun fio by this x 2)",
+    Goal("repeat", "same rounds: engine pool off / fio (the 2x goal asks pool on for twice this)",
          "repeat", lambda d: counted_stats(d, pool_off_vs_fio)["median"], None, None,
          shown=lambda d: stats_spread(counted_stats(d, pool_off_vs_fio), 3)),
     Goal("repeat", "same rounds: fio's two runs of a round, slower / faster (the device's swing within a round)",
