@@ -200,12 +200,18 @@ fn single(which: &str) {
         (total / record).max(1),
         false,
     );
+    // The engine's rotations (ticket, create or pooled reuse, allocation), all on the caller's
+    // thread for a blocking writer: the part of its wall time a fio run of one laid-out file
+    // does not pay.
+    let rot = engines.get(mode).metrics().latency.rotate;
     println!(
         "{}",
         json!({
             "impl": which.name(), "mode": mode_name(mode), "record_bytes": record,
             "bytes": r.bytes, "wall_s": r.wall.as_secs_f64(), "mb_s": r.mb_s(),
-            "cpu_s_per_gib": r.per_gib(r.cpu), "backend": engines.get(mode).backend(),
+            "cpu_s_per_gib": r.per_gib(r.cpu), "caller_cpu_s_per_gib": r.per_gib(r.caller_cpu),
+            "backend": engines.get(mode).backend(),
+            "rotations": rot.count, "rotate_s": rot.sum_seconds,
         })
     );
 }
