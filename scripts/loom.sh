@@ -11,13 +11,17 @@
 
 #   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
 #   loom_op_slot_*          io/op.rs    a writer taking its queued write back against the I/O thread
+#   loom_handoff_*          io/handoff.rs (models in handoff_loom.rs) a push against a parking
+#                           consumer and against the last consumer's exit (the channel itself
+#                           is a stand-in: loom cannot see into crossbeam's)
 #   loom_sleep_wake_*       io/uring/wake.rs the ring thread's sleep/wake handshake
 #   loom_ledger_*           store/ledger.rs ticket reserve/grow/shrink/retain/release (1, 3)
 #   loom_worker_batch_*     cleanup/worker.rs a batch's outcomes reach the worker, each at its name (4)
 #
 # Bounds (LOOM_MAX_PREEMPTIONS): the abort list, the grants, the directory count and the batch are
-# explored exhaustively; the lane gate and the sleep/wake handshake with at most 5 preemptions
-# per execution, the ledger with at most 3 (at 4 it takes over 3 minutes alone).
+# explored exhaustively; the lane gate, the sleep/wake handshake, the op slot and the handoff queue
+# with at most 5 preemptions per execution (the handoff models: 6 s; 75 s unbounded), the ledger
+# with at most 3 (at 4 it takes over 3 minutes alone).
 #
 # How long, on the 2-core machine (measured while it ran other builds too): about 2 minutes
 # from an empty target/loom (80 s of it building), under 40 s once built.
@@ -58,6 +62,6 @@ run() {
 
 start=$SECONDS
 run - loom_abortable_files loom_grants loom_worker_batch
-run 5 loom_lane_gate loom_sleep_wake loom_op_slot
+run 5 loom_lane_gate loom_sleep_wake loom_op_slot loom_handoff
 run 3 loom_ledger
 echo "loom.sh: every model passed in $((SECONDS - start)) s"

@@ -22,15 +22,28 @@
 //! closed it), a push hands its item back; an item that raced the last consumer's exit is
 //! drained by whichever of the two sees the other.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-use std::thread::Thread;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+#[cfg(not(loom))]
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+#[cfg(not(loom))]
+use std::thread::{current, park};
+
+// The loom build (scripts/loom.sh) runs this same protocol over loom's atomics, threads and a
+// stand-in for the channel: see `handoff_loom.rs`.
+#[cfg(loom)]
+use super::handoff_loom::chan::{Receiver, Sender, TrySendError, bounded, unbounded};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+#[cfg(loom)]
+use loom::thread::park;
 
 /// Looks at the queue before a consumer parks: `SPIN_STEPS` with doubling spins, then yields.
-const SNOOZE_STEPS: u32 = 11;
+/// None under loom: the model checks the announce / re-check / park handshake, which the
+/// snooze only delays.
+const SNOOZE_STEPS: u32 = if cfg!(loom) { 0 } else { 11 };
 const SPIN_STEPS: u32 = 7;
 
 /// Slots of an unbounded queue's array (past them, items go to its overflow channel).
@@ -39,9 +52,30 @@ const UNBOUNDED_ARRAY: usize = 1024;
 /// One consumer thread's idle flag.
 #[derive(Debug, Default)]
 struct Idle {
-    thread: OnceLock<Thread>,
+    thread: ThreadCell,
     sleeping: AtomicBool,
 }
+
+/// The consumer's thread handle, set once by the consumer itself.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+struct ThreadCell(std::sync::OnceLock<std::thread::Thread>);
+
+#[cfg(not(loom))]
+impl ThreadCell {
+    fn set_current(&self) {
+        self.0.get_or_init(current);
+    }
+
+    fn unpark(&self) {
+        if let Some(t) = self.0.get() {
+            t.unpark();
+        }
+    }
+}
+
+#[cfg(loom)]
+use super::handoff_loom::ThreadCell;
 
 /// A multi-producer queue drained by a fixed set of consumer threads (see the module docs).
 #[derive(Debug)]
@@ -60,11 +94,11 @@ impl<T> Handoff<T> {
     /// A queue for `consumers` threads (consumer `i` calls [`Handoff::recv`] with `i`), with
     /// at most `cap` items queued (`None`: unbounded).
     pub(crate) fn new(consumers: usize, cap: Option<usize>) -> Self {
-        let (tx, rx) = crossbeam_channel::bounded(cap.unwrap_or(UNBOUNDED_ARRAY).max(1));
+        let (tx, rx) = bounded(cap.unwrap_or(UNBOUNDED_ARRAY).max(1));
         Handoff {
             tx,
             rx,
-            overflow: cap.is_none().then(crossbeam_channel::unbounded),
+            overflow: cap.is_none().then(unbounded),
             idle: (0..consumers).map(|_| Idle::default()).collect(),
             live: AtomicUsize::new(consumers),
             closed: AtomicBool::new(consumers == 0),
@@ -100,16 +134,14 @@ impl<T> Handoff<T> {
         }
         for idle in self.idle.iter() {
             if idle.sleeping.load(Ordering::SeqCst) && idle.sleeping.swap(false, Ordering::SeqCst) {
-                if let Some(t) = idle.thread.get() {
-                    t.unpark();
-                }
+                idle.thread.unpark();
                 break;
             }
         }
         Ok(())
     }
 
-    fn steal(&self) -> Option<T> {
+    pub(super) fn steal(&self) -> Option<T> {
         if let Ok(v) = self.rx.try_recv() {
             return Some(v);
         }
@@ -138,9 +170,7 @@ impl<T> Handoff<T> {
     pub(crate) fn wake_all(&self) {
         for idle in self.idle.iter() {
             idle.sleeping.store(false, Ordering::SeqCst);
-            if let Some(t) = idle.thread.get() {
-                t.unpark();
-            }
+            idle.thread.unpark();
         }
     }
 
@@ -149,7 +179,7 @@ impl<T> Handoff<T> {
     /// token left by an earlier unpark only makes the loop look once more.
     pub(crate) fn recv(&self, me: usize) -> Option<T> {
         let idle = &self.idle[me];
-        idle.thread.get_or_init(std::thread::current);
+        idle.thread.set_current();
         loop {
             // Look again for a while before announcing idle (spin, then yield, as crossbeam's
             // blocking `recv` does): items often come in bursts (a spill cycle hands the
@@ -184,7 +214,7 @@ impl<T> Handoff<T> {
                 idle.sleeping.store(false, Ordering::SeqCst);
                 return None;
             }
-            std::thread::park();
+            park();
             idle.sleeping.store(false, Ordering::SeqCst);
         }
     }

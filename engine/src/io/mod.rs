@@ -12,6 +12,8 @@ mod fdcache;
 mod fills;
 mod gate;
 mod handoff;
+#[cfg(loom)]
+mod handoff_loom;
 mod keptmap;
 mod lane;
 mod offload;
