@@ -140,6 +140,12 @@ impl BlockSeal {
         self.crc = crc::crc32c_append(self.crc, stored);
     }
 
+    /// [`BlockSeal::update`] with the last of the stored bytes, then [`BlockSeal::finish`].
+    pub(crate) fn finish_over(mut self, last: &[u8]) -> [u8; BLOCK_HEADER_LEN] {
+        self.update(last);
+        self.finish()
+    }
+
     pub(crate) fn finish(self) -> [u8; BLOCK_HEADER_LEN] {
         let mut h = [0u8; BLOCK_HEADER_LEN];
         h[..48].copy_from_slice(&self.fields);
@@ -158,9 +164,7 @@ pub fn encode_block_header(
     pad: u32,
     stored: &[u8],
 ) -> [u8; BLOCK_HEADER_LEN] {
-    let mut s = BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad);
-    s.update(stored);
-    s.finish()
+    BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad).finish_over(stored)
 }
 
 /// Seals a block whose stored bytes are `stored`: without a key, the header with its CRC-32C;

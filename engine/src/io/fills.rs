@@ -83,10 +83,9 @@ impl Fills {
                 space[at..at + len].copy_from_slice(&f.src[f.src_at..f.src_at + len]);
             }
         }
-        if let Some(SealLater { src, at, mut seal }) = self.seal.take() {
-            seal.update(&src);
+        if let Some(SealLater { src, at, seal }) = self.seal.take() {
             let at = at as usize;
-            space[at..at + BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
+            space[at..at + BLOCK_HEADER_LEN].copy_from_slice(&seal.finish_over(&src));
         }
     }
 

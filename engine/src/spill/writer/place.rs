@@ -203,12 +203,7 @@ impl SpillWriter {
     /// over two buffers) or the buffer has a deferred header already. Nothing is placed
     /// before: a `Pending` (waiting for a buffer) keeps the seal for the next poll.
     fn place_seal(&mut self, p: &mut Placing, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
-            ready_ok!(self.flush_staging(wait, false));
-        }
-        if self.staging.is_none() {
-            ready_ok!(self.poll_buffer(0, wait));
-        }
+        ready_ok!(self.staging_with_room(wait));
         let (Some(seal), Some(prefix)) = (p.seal.take(), p.prefix.as_mut()) else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
@@ -222,9 +217,19 @@ impl SpillWriter {
             }
             _ => seal,
         };
-        let mut seal = seal;
-        seal.update(&p.rec);
-        prefix[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
+        prefix[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish_over(&p.rec));
+        Poll::Ready(Ok(()))
+    }
+
+    /// A staging buffer with room for at least one byte: the full one written first, a new one
+    /// taken when there is none.
+    fn staging_with_room(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
+            ready_ok!(self.flush_staging(wait, false));
+        }
+        if self.staging.is_none() {
+            ready_ok!(self.poll_buffer(0, wait));
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -389,12 +394,7 @@ impl SpillWriter {
         done: &mut usize,
         wait: &mut Wait<'_, '_>,
     ) -> Poll<Result<()>> {
-        if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
-            ready_ok!(self.flush_staging(wait, false));
-        }
-        if self.staging.is_none() {
-            ready_ok!(self.poll_buffer(0, wait));
-        }
+        ready_ok!(self.staging_with_room(wait));
         let Some(buf) = self.staging.as_mut() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };

@@ -220,9 +220,8 @@ pub(super) fn large_prefix(
     rec: &[u8],
     pad: usize,
 ) -> [u8; LARGE_PREFIX_LEN] {
-    let (mut p, mut seal) = large_prefix_unsealed(bind, offset, rec.len(), pad);
-    seal.update(rec);
-    p[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish());
+    let (mut p, seal) = large_prefix_unsealed(bind, offset, rec.len(), pad);
+    p[..BLOCK_HEADER_LEN].copy_from_slice(&seal.finish_over(rec));
     p
 }
 
