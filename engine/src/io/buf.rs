@@ -28,7 +28,8 @@ use memmap2::MmapMut;
 use parking_lot::{Condvar, Mutex};
 
 use super::fills::Fills;
-use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal};
+use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal, record_frame};
+use crate::format::segment::FRAME_LEN;
 
 /// The smallest staging buffer (one direct-I/O block).
 pub(crate) const MIN_BUFFER: usize = 4096;
@@ -133,6 +134,15 @@ impl IoBuf {
         }
     }
 
+    /// Ends the block's growing record, if it has one: its frame gets the length of what was
+    /// pushed after it. Called before anything else goes into the block and when it is sealed.
+    pub(crate) fn end_open_record(&mut self) {
+        if let Some(at) = self.block.as_mut().and_then(|b| b.open_record.take()) {
+            let len = self.len - at - FRAME_LEN;
+            self.space()[at..at + FRAME_LEN].copy_from_slice(&record_frame(len));
+        }
+    }
+
     /// Marks the buffer as held by a submitted write: it comes back to the pool by itself, so
     /// a writer short of budget may wait for it.
     pub(crate) fn mark_in_flight(&mut self) {
@@ -152,6 +162,9 @@ pub(crate) struct OpenBlock {
     pub at: usize,
     /// Records placed in it.
     pub records: u32,
+    /// Where the frame of a record still growing sits (`SpillWriter::append`: a byte stream
+    /// cut into records); its length is written when it ends ([`IoBuf::end_open_record`]).
+    pub open_record: Option<usize>,
 }
 
 impl Drop for IoBuf {

@@ -12,7 +12,8 @@
 //! The parts: `hook.rs` (what other threads touch: the file list and its abort protocol, the
 //! abort hook, in-flight accounting), `place.rs` (records into the staging buffer or vectored
 //! writes, flushes, in-flight waits, seals), `rotate.rs` (opening the next segment, trimming
-//! at `finish`), `slot.rs` (records filled in place).
+//! at `finish`), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut into
+//! records: `append`, `std::io::Write`).
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -52,6 +53,7 @@ mod reopen;
 mod rotate;
 mod seal;
 mod slot;
+mod stream;
 
 pub use slot::RecordSlot;
 
@@ -344,7 +346,17 @@ impl SpillWriter {
         }
     }
 
+    /// [`SpillWriter::check_live`], and ends the byte stream's open record (`stream.rs`):
+    /// every call but `append` places something after it, or seals it.
     fn check_open(&mut self) -> Result<()> {
+        self.check_live()?;
+        if let Some(b) = self.staging.as_mut() {
+            b.end_open_record();
+        }
+        Ok(())
+    }
+
+    fn check_live(&mut self) -> Result<()> {
         if self.life != Life::Open {
             return Err(self.ended_error());
         }

@@ -223,7 +223,7 @@ impl SpillWriter {
 
     /// A staging buffer with room for at least one byte: the full one written first, a new one
     /// taken when there is none.
-    fn staging_with_room(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+    pub(super) fn staging_with_room(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         if self.staging.as_ref().is_some_and(|b| b.remaining() == 0) {
             ready_ok!(self.flush_staging(wait, false));
         }
@@ -253,7 +253,11 @@ impl SpillWriter {
 
     /// A record that is a raw block of its own, copied from a slice through the staging
     /// buffers (blocking: the writer waits only for buffers and in-flight budget).
-    fn place_large_slice(&mut self, rec: &[u8], wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+    pub(super) fn place_large_slice(
+        &mut self,
+        rec: &[u8],
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
         ready_ok!(self.seal_open_block(wait));
         let Some(seg) = self.seg.as_ref() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
@@ -335,10 +339,14 @@ impl SpillWriter {
 
     pub(super) fn count_record(&mut self, len: usize) {
         self.records += 1;
+        Counters::add(&self.core.counters.records_written, 1);
+        self.count_bytes(len);
+    }
+
+    /// Counts payload bytes accepted (a stream record's grow as they are appended).
+    pub(super) fn count_bytes(&mut self, len: usize) {
         self.bytes_written += len as u64;
-        let c = &self.core.counters;
-        Counters::add(&c.bytes_written, len as u64);
-        Counters::add(&c.records_written, 1);
+        Counters::add(&self.core.counters.bytes_written, len as u64);
     }
 
     /// Makes sure a segment with room for `need` more bytes is open: seals the current one if

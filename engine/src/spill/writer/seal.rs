@@ -36,6 +36,7 @@ impl SpillWriter {
         let (Some(buf), Some(seg)) = (self.staging.as_mut(), self.seg.as_ref()) else {
             return;
         };
+        buf.end_open_record();
         let Some(ob) = buf.block.take() else {
             return;
         };
@@ -87,6 +88,7 @@ impl SpillWriter {
     /// when that shrinks them, writes its header, pads it to `DIRECT_ALIGN` when `pad`.
     /// Returns the buffer to write and its length; keeps the segment's logical length.
     pub(super) fn seal_block(&mut self, mut buf: IoBuf, pad: bool) -> IoBuf {
+        buf.end_open_record();
         let Some(ob) = buf.block.take() else {
             return buf;
         };
@@ -210,7 +212,11 @@ pub(super) fn seg_binding(segment: u32, generation: u32) -> Binding {
 pub(super) fn open_block(buf: &mut IoBuf) {
     let at = buf.len;
     buf.push(&[0u8; BLOCK_HEADER_LEN]);
-    buf.block = Some(OpenBlock { at, records: 0 });
+    buf.block = Some(OpenBlock {
+        at,
+        records: 0,
+        open_record: None,
+    });
 }
 
 /// Block header + frame of a record that is a raw block of its own at `offset`.

@@ -1,0 +1,206 @@
+//! A byte stream cut into records: [`SpillWriter::append`] and `impl std::io::Write`.
+//!
+//! Serialisers that write to an `io::Write` (an Arrow IPC `StreamWriter`, `serde_json`,
+//! `bincode`) hand the engine many small slices whose boundaries mean nothing. `append`
+//! copies each straight into the open record of the staging buffer's block (one copy, no
+//! allocation), so the records are as large as the buffer's room: a full buffer ends its
+//! record and is written, and the next bytes open a record in the next buffer. A reader gets
+//! the stream back as those records, in order; their concatenation is the stream.
+
+use std::io;
+use std::task::Poll;
+use std::time::Instant;
+
+use super::{SpillWriter, Wait, blocking};
+use crate::config::DIRECT_ALIGN;
+use crate::error::{Result, SpillError};
+use crate::format::block::{BLOCK_HEADER_LEN, LARGE_PREFIX_LEN};
+use crate::format::segment::FRAME_LEN;
+
+impl SpillWriter {
+    /// Appends `bytes` to the writer's byte stream: the stream is cut into records where a
+    /// staging buffer (or a segment) is full, so its records are about `io_buffer_size` long
+    /// whatever the size of each `append`. Any other call on the writer (`write`, `record`,
+    /// `finish`, ...) ends the record the stream is filling; the next `append` starts another.
+    /// A reader yields the records in order, and their concatenation is what was appended.
+    ///
+    /// Each slice is copied once, into the staging buffer; nothing is allocated. Blocks like
+    /// [`SpillWriter::write`], only while the in-flight budget is full (or at a rotation).
+    /// After an error that leaves the writer usable (`LedgerFull`, `QuotaExceeded`,
+    /// `TooManyOpenFiles`), the stream holds a prefix of `bytes`: [`SpillWriter::bytes_written`]
+    /// says where it ends. `impl std::io::Write for SpillWriter` is this call (its `flush` ends
+    /// the open record).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use spillring::{Engine, EngineConfig};
+    /// # fn main() -> spillring::Result<()> {
+    /// # let root = std::env::temp_dir().join(format!("spillring-doc-append-{}", std::process::id()));
+    /// # let engine = Engine::open(EngineConfig::new(&root))?;
+    /// let task = engine.task("t")?;
+    /// let mut w = task.writer()?;
+    /// for i in 0..1000u32 {
+    ///     w.append(&i.to_le_bytes())?; // 4,000 bytes in 1,000 slices
+    /// }
+    /// write!(w, "and a tail").map_err(spillring::SpillError::from_io)?;
+    /// let state = w.finish()?;
+    /// assert_eq!(state.records(), 1); // one record: it fit one staging buffer
+    /// let mut stream = Vec::new();
+    /// for rec in state.reader()? {
+    ///     stream.extend_from_slice(&rec?);
+    /// }
+    /// assert_eq!(stream.len(), 4000 + 10);
+    /// # drop((state, task, engine));
+    /// # let _ = std::fs::remove_dir(&root);
+    /// # Ok(()) }
+    /// ```
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        let started = Instant::now();
+        self.check_live()?;
+        let mut rest = bytes;
+        let mut r = Ok(());
+        while !rest.is_empty() {
+            match blocking(self.append_some(rest, &mut Wait::Block)) {
+                Ok(n) => rest = &rest[n..],
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
+        let r = self.settle(r);
+        self.core.counters.latency.write.record_since(started);
+        r
+    }
+
+    /// True when the staging buffer's block has a record the stream is filling.
+    fn stream_record_open(&self) -> bool {
+        self.staging
+            .as_ref()
+            .and_then(|b| b.block.as_ref())
+            .is_some_and(|b| b.open_record.is_some())
+    }
+
+    /// Appends what fits of `data` to the stream's open record (opening one first if there
+    /// is none): returns how many bytes went in, at least one. Nothing is placed before a
+    /// `Pending`.
+    fn append_some(&mut self, data: &[u8], wait: &mut Wait<'_, '_>) -> Poll<Result<usize>> {
+        if !self.stream_record_open() {
+            // A segment with room for a block header, a frame and one byte.
+            ready_ok!(self.plan((BLOCK_HEADER_LEN + FRAME_LEN + 1) as u64, wait));
+            loop {
+                ready_ok!(self.staging_with_room(wait));
+                let Some(buf) = self.staging.as_ref() else {
+                    return Poll::Ready(Err(SpillError::WriterFailed));
+                };
+                let open = buf.block.is_some();
+                let need = FRAME_LEN + 1 + if open { 0 } else { BLOCK_HEADER_LEN };
+                if buf.remaining() >= need {
+                    break;
+                }
+                if !open {
+                    // Too little room to open a block after what the buffer holds (the tail
+                    // of a large record): the next bytes are a raw block of their own that
+                    // continues into the next buffer, as `place_in_block` places a record
+                    // there (direct mode writes no partial buffer mid-segment).
+                    let n = data.len().min(self.core.io.pool().buffer_capacity());
+                    let need = (LARGE_PREFIX_LEN + n + DIRECT_ALIGN) as u64;
+                    ready_ok!(self.plan(need, wait));
+                    ready_ok!(self.place_large_slice(&data[..n], wait));
+                    self.count_record(n);
+                    return Poll::Ready(Ok(n));
+                }
+                ready_ok!(self.flush_staging(wait, false));
+            }
+            self.ensure_block();
+            let (Some(buf), Some(seg)) = (self.staging.as_mut(), self.seg.as_mut()) else {
+                return Poll::Ready(Err(SpillError::WriterFailed));
+            };
+            let at = buf.len;
+            buf.push(&[0u8; FRAME_LEN]);
+            if let Some(b) = buf.block.as_mut() {
+                b.records += 1;
+                b.open_record = Some(at);
+            }
+            seg.logical += FRAME_LEN as u64;
+            self.count_record(0);
+        }
+        let (Some(buf), Some(seg)) = (self.staging.as_mut(), self.seg.as_mut()) else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let seg_room = self.segment_size.saturating_sub(seg.logical) as usize;
+        let n = data.len().min(buf.remaining()).min(seg_room);
+        buf.push(&data[..n]);
+        seg.logical += n as u64;
+        if buf.remaining() == 0 || n == seg_room {
+            // The buffer or the segment is full: the record ends here; the next bytes open
+            // one in the next buffer (or, after `plan` rotates, segment).
+            buf.end_open_record();
+        }
+        self.count_bytes(n);
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl SpillError {
+    /// The `SpillError` an [`io::Error`] made from one carries (`impl From<SpillError> for
+    /// io::Error`, what `SpillWriter`'s `std::io::Write` returns), or the `io::Error` as an
+    /// [`SpillError::Io`] when it carries none.
+    pub fn from_io(e: io::Error) -> SpillError {
+        match e.downcast::<SpillError>() {
+            Ok(e) => e,
+            Err(e) => SpillError::io("write", "", e),
+        }
+    }
+}
+
+impl From<SpillError> for io::Error {
+    /// An `io::Error` of the matching kind (`StorageFull`, `QuotaExceeded`, `InvalidData` for
+    /// `Corrupt`, the OS error's own kind for `Io`, `Other` otherwise) that carries the
+    /// `SpillError` (`get_ref`, [`SpillError::from_io`]).
+    fn from(e: SpillError) -> io::Error {
+        let kind = match &e {
+            SpillError::StorageFull { .. } => io::ErrorKind::StorageFull,
+            SpillError::QuotaExceeded { .. }
+            | SpillError::LedgerFull { .. }
+            | SpillError::WriterCannotFit { .. } => io::ErrorKind::QuotaExceeded,
+            SpillError::Corrupt { .. } => io::ErrorKind::InvalidData,
+            SpillError::Io { source, .. } => source.kind(),
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// The writer as an [`io::Write`]: `write` is [`SpillWriter::append`] (a short count when a
+/// refusal that leaves the writer usable stopped it part way), `flush` ends the stream's open
+/// record. Errors carry the [`SpillError`] ([`SpillError::from_io`]).
+impl io::Write for SpillWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let before = self.bytes_written;
+        match self.append(buf) {
+            Ok(()) => Ok(buf.len()),
+            Err(e) => match (self.bytes_written - before) as usize {
+                0 => Err(e.into()),
+                n => Ok(n),
+            },
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let mut n = 0;
+        for b in bufs {
+            match io::Write::write(self, b) {
+                Ok(k) if k == b.len() => n += k,
+                Ok(k) => return Ok(n + k),
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => return Ok(n),
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.check_open().map_err(io::Error::from)
+    }
+}
