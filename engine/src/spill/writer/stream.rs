@@ -154,12 +154,12 @@ impl SpillError {
     }
 }
 
-impl From<SpillError> for io::Error {
-    /// An `io::Error` of the matching kind (`StorageFull`, `QuotaExceeded`, `InvalidData` for
-    /// `Corrupt`, the OS error's own kind for `Io`, `Other` otherwise) that carries the
-    /// `SpillError` (`get_ref`, [`SpillError::from_io`]).
-    fn from(e: SpillError) -> io::Error {
-        let kind = match &e {
+impl SpillError {
+    /// The [`io::ErrorKind`] that says what this error is to code that speaks `std::io`:
+    /// `StorageFull`, `QuotaExceeded` (the quota, the ticket ledger, `WriterCannotFit`),
+    /// `InvalidData` for `Corrupt`, the OS error's own kind for `Io`, `Other` otherwise.
+    pub fn io_kind(&self) -> io::ErrorKind {
+        match self {
             SpillError::StorageFull { .. } => io::ErrorKind::StorageFull,
             SpillError::QuotaExceeded { .. }
             | SpillError::LedgerFull { .. }
@@ -167,8 +167,15 @@ impl From<SpillError> for io::Error {
             SpillError::Corrupt { .. } => io::ErrorKind::InvalidData,
             SpillError::Io { source, .. } => source.kind(),
             _ => io::ErrorKind::Other,
-        };
-        io::Error::new(kind, e)
+        }
+    }
+}
+
+impl From<SpillError> for io::Error {
+    /// An `io::Error` of kind [`SpillError::io_kind`] that carries the `SpillError`
+    /// (`get_ref`, [`SpillError::from_io`]).
+    fn from(e: SpillError) -> io::Error {
+        io::Error::new(e.io_kind(), e)
     }
 }
 
