@@ -105,8 +105,10 @@ impl SpillringFactory {
     }
 }
 
-impl TempFileFactory for SpillringFactory {
-    fn create_temp_file(&self, description: &str) -> Result<Arc<dyn SpillFile>> {
+impl SpillringFactory {
+    /// [`TempFileFactory::create_temp_file`] as the concrete type (for
+    /// [`SpillringFile::stored_bytes`]).
+    pub fn create_file(&self, description: &str) -> Result<Arc<SpillringFile>> {
         let task = self.engine.task(description).map_err(to_datafusion)?;
         self.counts.files.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(SpillringFile {
@@ -118,6 +120,12 @@ impl TempFileFactory for SpillringFactory {
                 broken: OnceLock::new(),
             }),
         }))
+    }
+}
+
+impl TempFileFactory for SpillringFactory {
+    fn create_temp_file(&self, description: &str) -> Result<Arc<dyn SpillFile>> {
+        Ok(self.create_file(description)?)
     }
 }
 

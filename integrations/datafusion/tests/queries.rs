@@ -1,4 +1,5 @@
-//! Real DataFusion queries that spill through spillring, in both write modes: an `ORDER BY`
+//! Real DataFusion queries that spill through spillring, in both write modes (with a codec and
+//! with encryption on in some): an `ORDER BY`
 //! over 256 MiB of lineitem rows, a high-cardinality `GROUP BY`, and a repartition whose spill
 //! pool is read while it is written. Each gives the same rows as the same query with unlimited
 //! memory (a hash of every column's bytes), DataFusion's spill metrics say it spilled, the bytes
@@ -41,35 +42,46 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn order_by_spills_and_matches_unlimited_buffered() {
-    query_matches_unlimited(Query::OrderBy, WriteMode::Buffered, Compression::None);
+    query_matches_unlimited(Query::OrderBy, WriteMode::Buffered, Compression::None, true);
 }
 
 #[test]
 fn order_by_spills_and_matches_unlimited_direct() {
-    query_matches_unlimited(Query::OrderBy, WriteMode::Direct, Compression::None);
+    query_matches_unlimited(Query::OrderBy, WriteMode::Direct, Compression::None, false);
 }
 
 #[test]
 fn group_by_spills_and_matches_unlimited_buffered() {
-    query_matches_unlimited(Query::GroupBy, WriteMode::Buffered, Compression::Lz4);
+    query_matches_unlimited(Query::GroupBy, WriteMode::Buffered, Compression::Lz4, false);
 }
 
 #[test]
 fn group_by_spills_and_matches_unlimited_direct() {
-    query_matches_unlimited(Query::GroupBy, WriteMode::Direct, Compression::None);
+    query_matches_unlimited(Query::GroupBy, WriteMode::Direct, Compression::None, false);
 }
 
 #[test]
 fn repartition_spills_and_matches_unlimited_buffered() {
-    query_matches_unlimited(Query::Repartition, WriteMode::Buffered, Compression::None);
+    query_matches_unlimited(
+        Query::Repartition,
+        WriteMode::Buffered,
+        Compression::None,
+        false,
+    );
 }
 
 #[test]
 fn repartition_spills_and_matches_unlimited_direct() {
-    query_matches_unlimited(Query::Repartition, WriteMode::Direct, Compression::Auto);
+    query_matches_unlimited(
+        Query::Repartition,
+        WriteMode::Direct,
+        Compression::Auto,
+        false,
+    );
 }
 
-fn query_matches_unlimited(q: Query, mode: WriteMode, compression: Compression) {
+/// `encryption`: the engine encrypts the spills (and the run checks it did).
+fn query_matches_unlimited(q: Query, mode: WriteMode, compression: Compression, encryption: bool) {
     let input = if q == Query::OrderBy {
         ORDER_BY_INPUT
     } else {
@@ -79,8 +91,13 @@ fn query_matches_unlimited(q: Query, mode: WriteMode, compression: Compression) 
     let parts = lineitem_batches(input, partitions);
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("spill");
-    let engine =
-        Engine::open(EngineConfig::new(&root).mode(mode).compression(compression)).unwrap();
+    let engine = Engine::open(
+        EngineConfig::new(&root)
+            .mode(mode)
+            .compression(compression)
+            .encryption(encryption),
+    )
+    .unwrap();
     let factory = Arc::new(SpillringFactory::new(engine.clone()));
     runtime().block_on(async {
         let unlimited = session(&parts, None, &Spills::Default(tmp.path().join("df"))).unwrap();
@@ -121,6 +138,11 @@ fn query_matches_unlimited(q: Query, mode: WriteMode, compression: Compression) 
         // What DataFusion read back (its merges may stop before a file's 8-byte end-of-stream
         // marker).
         assert!(m.records_written > 0 && m.bytes_read > m.bytes_written / 2);
+        assert_eq!(
+            m.encrypt_nanos > 0,
+            encryption,
+            "{q:?}: encrypted as configured"
+        );
         if compression != Compression::None && q == Query::GroupBy {
             assert!(
                 m.physical_bytes_written < m.logical_bytes_written,
