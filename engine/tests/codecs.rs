@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::time::Duration;
 
 use spillring::{
-    BackendKind, Bytes, Compression, Engine, FaultAction, FaultPlan, FaultPoint, Trigger,
+    BackendKind, Bytes, Compression, Engine, FaultAction, FaultPlan, FaultPoint, Trigger, WriteMode,
 };
 
 per_backend!(
@@ -18,6 +18,8 @@ per_backend!(
     records_of_a_decompressed_block_outlive_the_reader_and_the_state,
     a_segment_file_of_compressed_blocks_reads_back_without_an_engine,
     large_records_among_compressed_rows_round_trip,
+    auto_fits_lineitem_rows_in_a_quota_of_half_their_size,
+    auto_compresses_as_the_roots_filesystem_fills,
 );
 
 const CODECS: [Compression; 4] = [
@@ -322,4 +324,114 @@ fn large_records_among_compressed_rows_round_trip(b: BackendKind) {
             assert_clean(&engine, dir.path());
         }
     }
+}
+
+/// `Auto` weighs space: a spill of lineitem rows twice the quota's size, on a disk the writer
+/// never waits for (so time alone would store it raw: the last row), succeeds with `Auto` as
+/// the quota fills, stored in at most 0.4 of its logical bytes, and reads back whole. Before
+/// the space pressure, the same spill failed with `WriterCannotFit` ("spill quota can never fit
+/// this writer"). With the quota 16x the spill and an in-flight budget the writer never fills
+/// (`queue_depth` 1024: it never waits for the device), `Auto` keeps its time-based choice: raw.
+fn lineitem_rows(bytes: usize) -> Vec<Vec<u8>> {
+    let mut rng = StdRng::seed_from_u64(26);
+    let mut rows = Vec::new();
+    let mut logical = 0;
+    let mut k = 0;
+    while logical < bytes {
+        let r = lineitem(k, &mut rng);
+        logical += r.len();
+        rows.push(r);
+        k += 1;
+    }
+    rows
+}
+
+fn auto_fits_lineitem_rows_in_a_quota_of_half_their_size(b: BackendKind) {
+    let rows = lineitem_rows(16 << 20);
+    for (mode, quota) in [
+        (WriteMode::Buffered, 8u64 << 20),
+        (WriteMode::Direct, 8 << 20),
+        (WriteMode::Buffered, 256 << 20),
+    ] {
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), b)
+                .mode(mode)
+                .compression(Compression::Auto)
+                .queue_depth(1024)
+                .max_spill_bytes(quota);
+            let engine = Engine::open(c).unwrap();
+            let task = engine.task("auto-quota").unwrap();
+            let mut w = task.writer().unwrap();
+            for r in &rows {
+                w.write_slice(r)
+                    .unwrap_or_else(|e| panic!("{mode:?} quota {quota}: {e}"));
+            }
+            let state = w.finish().unwrap();
+            let m = engine.metrics();
+            let ratio = m.physical_bytes_written as f64 / m.logical_bytes_written as f64;
+            eprintln!(
+                "{b:?} {mode:?} quota {} MiB: physical/logical {ratio:.3}, blocks raw/lz4/zstd {}/{}/{}, {} B on disk",
+                quota >> 20,
+                m.blocks_raw,
+                m.blocks_lz4,
+                m.blocks_zstd,
+                state.bytes()
+            );
+            if quota == 8 << 20 {
+                assert!(
+                    ratio <= 0.4,
+                    "{mode:?}: stored {ratio:.3} of the logical bytes"
+                );
+                assert!(state.bytes() <= quota);
+            } else {
+                assert!(
+                    ratio > 0.9,
+                    "{mode:?}: compressed with room to spare: {ratio:.3}"
+                );
+            }
+            let mut r = state.reader().unwrap();
+            for want in &rows {
+                assert_eq!(&r.next_record().unwrap().unwrap()[..], &want[..]);
+            }
+            assert!(r.next_record().unwrap().is_none());
+            drop((r, state));
+            assert_clean(&engine, dir.path());
+        }
+    }
+}
+
+/// The other bound `Auto` weighs: the root's filesystem. A 16 MiB tmpfs, no quota, 24 MiB of
+/// lineitem rows, a writer that never waits for the device (time alone stores raw, and the
+/// spill would fail with `StorageFull`): as the engine's share of what the filesystem could
+/// hold grows (read at each rotation), `Auto` compresses, and the spill fits and reads back.
+fn auto_compresses_as_the_roots_filesystem_fills(b: BackendKind) {
+    let rows = lineitem_rows(24 << 20);
+    let (_tmpfs, root) = private_tmpfs("16m", false);
+    let c = cfg(&root, b)
+        .compression(Compression::Auto)
+        .queue_depth(1024);
+    let engine = Engine::open(c).unwrap();
+    let task = engine.task("auto-fs").unwrap();
+    let mut w = task.writer().unwrap();
+    for r in &rows {
+        w.write_slice(r).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let state = w.finish().unwrap();
+    let m = engine.metrics();
+    eprintln!(
+        "{b:?}: physical/logical {:.3}, blocks raw/lz4/zstd {}/{}/{}",
+        m.physical_bytes_written as f64 / m.logical_bytes_written as f64,
+        m.blocks_raw,
+        m.blocks_lz4,
+        m.blocks_zstd
+    );
+    assert!(state.bytes() < 16 << 20);
+    assert!(m.blocks_zstd + m.blocks_lz4 > 0);
+    let mut r = state.reader().unwrap();
+    for want in &rows {
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &want[..]);
+    }
+    drop((r, state));
+    assert_clean(&engine, &root);
 }

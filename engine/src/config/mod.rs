@@ -251,8 +251,10 @@ impl EngineConfig {
     }
 
     /// How each block of records (a staging buffer's worth) is compressed. Default
-    /// [`Compression::None`]: no CPU spent and every read a view of the file; `Auto` keeps a
-    /// codec only where it pays. A large record written without a copy is always raw.
+    /// [`Compression::None`]: no CPU spent and every read a view of the file; `Auto`
+    /// compresses when space runs short (the quota or the root filling) and otherwise only
+    /// where the saved device time pays for the CPU (see [`Compression::Auto`]). A large
+    /// record written without a copy is always raw.
     pub fn compression(mut self, c: Compression) -> Self {
         self.compression = c;
         self

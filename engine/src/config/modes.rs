@@ -15,9 +15,17 @@ pub enum Compression {
         /// The zstd level.
         level: i32,
     },
-    /// Per block: a sample is compressed, and the codec whose saved bytes pay for its CPU at
-    /// the write rate the writer sees is kept; raw when nothing shrinks, with trials backed off
-    /// exponentially on incompressible data.
+    /// Per block, from a 64 KiB sample, weighing space and time:
+    ///
+    /// - **Space short** (a bound an eighth full or more: bytes held over `max_spill_bytes`,
+    ///   or the engine's bytes on the segment's root over those plus the filesystem's free
+    ///   bytes): the smallest of lz4 and zstd level 1 (also level 3 from half full), a stronger
+    ///   codec only where it saves 10% (5% for level 3) more than the cheaper one.
+    /// - **Room to spare**: the codec whose saved bytes pay for its CPU at the write rate the
+    ///   writer sees (only time it waits for the device counts), else raw.
+    ///
+    /// A choice is kept for 8 blocks; trials back off exponentially on incompressible data, and
+    /// a rise in space pressure ends a back-off.
     Auto,
 }
 

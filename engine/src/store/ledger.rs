@@ -203,6 +203,18 @@ impl Ledger {
         self.capacity
     }
 
+    /// Bytes held under root `root`.
+    pub(crate) fn bytes_on(&self, root: usize) -> u64 {
+        self.per_root
+            .get(root)
+            .map_or(0, |r| r.pages.load(Ordering::Relaxed) * PAGE)
+    }
+
+    /// The quota in bytes, `None` when unlimited.
+    pub(crate) fn max_bytes(&self) -> Option<u64> {
+        (self.max_pages != u64::MAX).then(|| self.max_pages * PAGE)
+    }
+
     pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }

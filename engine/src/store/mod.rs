@@ -11,6 +11,7 @@ pub(crate) mod proc;
 pub(crate) mod queue;
 pub(crate) mod roots;
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use crate::io::NameBuf;
@@ -76,6 +77,23 @@ impl Store {
             .get(root)
             .cloned()
             .ok_or_else(|| crate::error::SpillError::InvalidConfig(format!("no root {root}")))
+    }
+
+    /// How much of what spills could hold on root `root` they hold: the engine's bytes there
+    /// over those bytes plus the filesystem's available bytes (0 when unknown). `Auto`
+    /// compresses as it nears 1 (`spill/writer/codec.rs`).
+    pub(crate) fn root_fill(&self, root: usize) -> f64 {
+        let Some(dir) = self.root_dirs.get(root) else {
+            return 0.0;
+        };
+        let Ok(avail) = crate::sys::fs::available_bytes(dir.fd.as_fd()) else {
+            return 0.0;
+        };
+        let held = self.ledger.bytes_on(root);
+        if held == 0 {
+            return 0.0;
+        }
+        held as f64 / (held as f64 + avail as f64)
     }
 
     /// Directory entries left besides the roots' own (always zero since segments live flat;

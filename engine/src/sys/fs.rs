@@ -86,6 +86,13 @@ pub(crate) fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_size as u64)
 }
 
+/// Bytes an unprivileged writer may still allocate on the filesystem of `fd` (`fstatvfs`:
+/// available blocks times the fragment size).
+pub(crate) fn available_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let s = rustix::fs::fstatvfs(fd)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
 /// `fchmod(fd, mode)`: sets the permission bits (the umask does not apply).
 pub(crate) fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     Ok(rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?)

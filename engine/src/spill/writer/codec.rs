@@ -1,6 +1,13 @@
-//! The writer's codec: fixed, or `Auto`'s per-block choice (a DuckDB-style cost model: a
-//! codec is kept when the device time its saved bytes free pays for its CPU) and the write
-//! rate the writer sees.
+//! The writer's codec: fixed, or `Auto`'s per-block choice and the write rate the writer sees.
+//!
+//! `Auto` weighs space as well as time. With room to spare it keeps a codec only when the
+//! device time its saved bytes free pays for its CPU (a DuckDB-style cost model). When space
+//! runs short, it compresses to save space: the space pressure is how full the tighter of two
+//! bounds is, the quota (`max_spill_bytes`: bytes held over the quota) and the segment's root
+//! (the engine's bytes there over those plus the filesystem's free bytes, read at each
+//! rotation). From [`SPACE_LOW`] on, each trial takes the smallest of lz4 and zstd level 1 (and
+//! level 3 from [`SPACE_HIGH`]), a stronger codec only where it saves enough over the cheaper
+//! one ([`SPACE_SAVES`]). A rise in pressure ends a back-off at once.
 
 use std::time::Instant;
 
@@ -13,6 +20,13 @@ pub(super) const AUTO_SAMPLE: usize = 64 << 10;
 const AUTO_KEEP: u32 = 8;
 /// The longest back-off (in blocks) on incompressible data.
 const AUTO_MAX_BACKOFF: u32 = 256;
+/// Space pressure from which `Auto` compresses to save space: an eighth of a bound in use.
+pub(crate) const SPACE_LOW: f64 = 0.125;
+/// Space pressure from which `Auto` also tries zstd level 3: half a bound in use.
+pub(crate) const SPACE_HIGH: f64 = 0.5;
+/// What a codec must save over the next cheaper one to be taken for space (raw -> lz4,
+/// lz4 -> zstd 1, zstd 1 -> zstd 3): 10%, 10%, 5% of the cheaper one's output.
+pub(crate) const SPACE_SAVES: [f64; 3] = [0.10, 0.10, 0.05];
 
 /// `Auto`'s choice per block, as pure logic (the caller measures): DuckDB-style, a codec is
 /// kept when the device time its saved bytes free pays for its CPU; on data that no codec
@@ -24,6 +38,9 @@ pub(crate) struct AutoPolicy {
     sticky: Codec,
     /// The current back-off (doubles on each failed trial, from 1).
     backoff: u32,
+    /// The space-pressure level of the last block: 0 (room to spare), 1 (from `SPACE_LOW`),
+    /// 2 (from `SPACE_HIGH`).
+    space_level: u8,
 }
 
 /// What writing costs the writer, per physical byte: wall time between its blocks, and of that
@@ -43,7 +60,66 @@ impl AutoPolicy {
             skip: 0,
             sticky: Codec::Raw,
             backoff: 0,
+            space_level: 0,
         }
+    }
+
+    /// The space pressure for the next block, and its level: a higher level than the last
+    /// block's ends the current codec's run or back-off, so the next block gets a trial.
+    pub(crate) fn set_space(&mut self, pressure: f64) -> u8 {
+        let level = if pressure >= SPACE_HIGH {
+            2
+        } else if pressure >= SPACE_LOW {
+            1
+        } else {
+            0
+        };
+        if level > self.space_level {
+            self.skip = 0;
+            self.backoff = 0;
+        }
+        self.space_level = level;
+        level
+    }
+
+    /// Chooses for space: of lz4, zstd 1 and zstd 3 (each `None` when not tried or when it did
+    /// not shrink), the smallest output, a stronger codec taken over a cheaper one only when
+    /// it saves [`SPACE_SAVES`] more. Raw (and a back-off) when none saves enough.
+    pub(crate) fn choose_for_space(
+        &mut self,
+        sample: usize,
+        lz4: TrialResult,
+        zstd1: TrialResult,
+        zstd3: TrialResult,
+    ) -> Codec {
+        let mut best = (Codec::Raw, sample);
+        for ((codec, t), saves) in [
+            (Codec::Lz4, lz4),
+            (Codec::Zstd(1), zstd1),
+            (Codec::Zstd(3), zstd3),
+        ]
+        .into_iter()
+        .zip(SPACE_SAVES)
+        {
+            if let Some((out, _)) = t
+                && (out as f64) <= best.1 as f64 * (1.0 - saves)
+            {
+                best = (codec, out);
+            }
+        }
+        self.keep(best.0)
+    }
+
+    /// Keeps `codec` for the next blocks (a back-off when it is raw).
+    fn keep(&mut self, codec: Codec) -> Codec {
+        if codec == Codec::Raw {
+            self.failed();
+        } else {
+            self.backoff = 0;
+            self.sticky = codec;
+            self.skip = AUTO_KEEP;
+        }
+        codec
     }
 
     /// `Some(codec)` to use without a trial for this block, `None` to run a trial.
@@ -86,14 +162,7 @@ impl AutoPolicy {
         {
             best = (Codec::Zstd(1), g);
         }
-        if best.0 == Codec::Raw {
-            self.failed();
-        } else {
-            self.backoff = 0;
-            self.sticky = best.0;
-            self.skip = AUTO_KEEP;
-        }
-        best.0
+        self.keep(best.0)
     }
 
     /// A block the codec did not shrink: raw, and the next trials further off.
@@ -119,6 +188,9 @@ pub(super) struct CodecState {
     pub(super) last_block: Option<Instant>,
     /// Where `Auto`'s trials compress to (kept: no allocation per block).
     pub(super) scratch: Vec<u8>,
+    /// How full the open segment's root is of spills, read at its rotation
+    /// (`Store::root_fill`): one of `Auto`'s space bounds.
+    pub(super) root_fill: f64,
 }
 
 impl CodecState {
@@ -133,6 +205,7 @@ impl CodecState {
             pending_since: None,
             last_block: None,
             scratch: Vec::new(),
+            root_fill: 0.0,
         }
     }
 
@@ -257,6 +330,58 @@ mod tests {
             Codec::Raw
         );
         assert_eq!(p.next_block(), Some(Codec::Raw));
+        assert_eq!(p.next_block(), None);
+    }
+
+    #[test]
+    fn under_space_pressure_auto_takes_the_smallest_codec_that_saves_enough() {
+        let mut p = AutoPolicy::new();
+        assert_eq!(p.set_space(0.01), 0, "room to spare");
+        assert_eq!(p.set_space(0.2), 1);
+        // zstd 1 saves 35% over lz4: taken (no device cost at all in the choice).
+        assert_eq!(
+            p.choose_for_space(65536, Some((34000, 20_000)), Some((22000, 400_000)), None),
+            Codec::Zstd(1)
+        );
+        // zstd 1 saves 6% over lz4 (less than 10%): lz4.
+        assert_eq!(
+            p.choose_for_space(65536, Some((34000, 20_000)), Some((32000, 400_000)), None),
+            Codec::Lz4
+        );
+        // lz4 saves 8% of raw (not enough), zstd 1 24%: zstd 1.
+        assert_eq!(
+            p.choose_for_space(65536, Some((60000, 20_000)), Some((50000, 400_000)), None),
+            Codec::Zstd(1)
+        );
+        // zstd 3 saves 7% over zstd 1 (more than 5%): zstd 3.
+        assert_eq!(
+            p.choose_for_space(65536, Some((34000, 1)), Some((22000, 1)), Some((20400, 1))),
+            Codec::Zstd(3)
+        );
+        // Nothing saves 10%: raw, and a back-off.
+        assert_eq!(
+            p.choose_for_space(65536, Some((62000, 1)), Some((61000, 1)), None),
+            Codec::Raw
+        );
+        assert_eq!(p.next_block(), Some(Codec::Raw));
+    }
+
+    #[test]
+    fn a_rise_in_space_pressure_ends_a_back_off() {
+        let mut p = AutoPolicy::new();
+        for _ in 0..600 {
+            if p.next_block().is_none() {
+                p.choose(65536, None, None, bound(1.0));
+            }
+        }
+        assert!(p.backoff >= 64, "backed off: {}", p.backoff);
+        assert_eq!(p.set_space(0.3), 1);
+        assert_eq!(p.next_block(), None, "the next block gets a trial");
+        p.choose_for_space(65536, Some((30000, 1)), None, None);
+        // The same level again does not: the codec is kept.
+        assert_eq!(p.set_space(0.4), 1);
+        assert_eq!(p.next_block(), Some(Codec::Lz4));
+        assert_eq!(p.set_space(0.7), 2);
         assert_eq!(p.next_block(), None);
     }
 

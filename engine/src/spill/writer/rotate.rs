@@ -195,6 +195,7 @@ impl SpillWriter {
             self.core.key_id(),
         ));
         self.staging = Some(buf);
+        self.codec.root_fill = o.root_fill;
         if !self.span.is_disabled() {
             let n = self.shared.files.lock().entries.len() as u64;
             self.span.record("segments", n);
@@ -233,6 +234,8 @@ pub(super) struct Opened {
     /// Bytes of quota its ticket holds.
     reserve: u64,
     generation: u32,
+    /// How full its root is of spills (`Store::root_fill`), for `Auto`'s space pressure.
+    root_fill: f64,
     /// A staging buffer taken on the offload thread (async rotations only).
     buf: Option<IoBuf>,
 }
@@ -260,6 +263,8 @@ impl Rotor {
             }
         };
         let (seg, allocated, generation) = (made.r.seg, made.allocated, made.generation);
+        // Off the caller's poll (an async rotation runs here on the offload pool): a statvfs.
+        let root_fill = self.core.store.root_fill(made.r.root);
         let (entry_index, fd) = self.record_segment(made)?;
         Ok(Opened {
             fd,
@@ -268,6 +273,7 @@ impl Rotor {
             allocated,
             reserve,
             generation,
+            root_fill,
             buf: None,
         })
     }

@@ -167,6 +167,16 @@ impl SpillWriter {
         w
     }
 
+    /// `Auto`'s space pressure: how full the tighter of its bounds is (`codec.rs`), the quota
+    /// (bytes held over `max_spill_bytes`) or the open segment's root.
+    fn space_pressure(&self) -> f64 {
+        let ledger = &self.core.store.ledger;
+        let quota = ledger
+            .max_bytes()
+            .map_or(0.0, |max| ledger.bytes_used() as f64 / max as f64);
+        quota.max(self.codec.root_fill)
+    }
+
     /// The codec for a block of `raw` bytes: fixed, or `Auto`'s choice (a trial on a sample,
     /// timed into `nanos`).
     fn pick_codec(&mut self, raw: &[u8], nanos: &mut u64) -> Codec {
@@ -175,6 +185,7 @@ impl SpillWriter {
             Compression::Lz4 => Codec::Lz4,
             Compression::Zstd { level } => Codec::Zstd(level),
             Compression::Auto => {
+                let level = self.codec.auto.set_space(self.space_pressure());
                 if let Some(c) = self.codec.auto.next_block() {
                     return c;
                 }
@@ -188,11 +199,21 @@ impl SpillWriter {
                 } else {
                     None
                 };
+                let zstd3 = if level >= 2 && zstd.is_some() {
+                    trial(Codec::Zstd(3), sample, &mut scratch)
+                } else {
+                    None
+                };
                 self.codec.scratch = scratch;
-                let c = self
-                    .codec
-                    .auto
-                    .choose(sample.len(), lz4, zstd, self.codec.cost());
+                let c = if level >= 1 {
+                    self.codec
+                        .auto
+                        .choose_for_space(sample.len(), lz4, zstd, zstd3)
+                } else {
+                    self.codec
+                        .auto
+                        .choose(sample.len(), lz4, zstd, self.codec.cost())
+                };
                 *nanos += t0.elapsed().as_nanos() as u64;
                 c
             }

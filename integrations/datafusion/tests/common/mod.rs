@@ -144,6 +144,16 @@ pub fn session(
     pool: Option<usize>,
     spills: &Spills,
 ) -> Result<SessionContext> {
+    session_with(parts, pool, spills, SessionConfig::new())
+}
+
+/// [`session`] with DataFusion options of the caller's (`cfg`).
+pub fn session_with(
+    parts: &[Vec<RecordBatch>],
+    pool: Option<usize>,
+    spills: &Spills,
+    cfg: SessionConfig,
+) -> Result<SessionContext> {
     let disk = match spills {
         Spills::Default(dir) => {
             DiskManagerBuilder::default().with_mode(DiskManagerMode::Directories(vec![dir.clone()]))
@@ -154,7 +164,7 @@ pub fn session(
     if let Some(bytes) = pool {
         rt = rt.with_memory_pool(Arc::new(FairSpillPool::new(bytes)));
     }
-    let cfg = SessionConfig::new()
+    let cfg = cfg
         .with_target_partitions(parts.len())
         .with_batch_size(BATCH_ROWS);
     let ctx = SessionContext::new_with_config_rt(cfg, rt.build_arc()?);
