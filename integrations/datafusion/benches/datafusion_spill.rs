@@ -233,6 +233,10 @@ struct RunOut {
     rows: usize,
     hash: u64,
     peak_rss_kib: u64,
+    /// Peaks of the anonymous and the file-backed part of the RSS, sampled every 5 ms
+    /// (`RssAnon`, `RssFile`): a mapped spill segment's pages are file-backed page cache.
+    peak_anon_kib: u64,
+    peak_file_kib: u64,
     page_cache_misses: Option<u64>,
 }
 
@@ -276,6 +280,53 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
+fn status_kib(s: &str, key: &str) -> u64 {
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Samples `RssAnon` and `RssFile` every 5 ms until dropped; `peaks` reads the highs.
+struct RssSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    peaks: Arc<(AtomicU64, AtomicU64)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RssSampler {
+    fn start() -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let peaks = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let (s, p) = (stop.clone(), peaks.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Ok(st) = std::fs::read_to_string("/proc/self/status") {
+                    p.0.fetch_max(status_kib(&st, "RssAnon:"), Ordering::Relaxed);
+                    p.1.fetch_max(status_kib(&st, "RssFile:"), Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        RssSampler {
+            stop,
+            peaks,
+            thread: Some(thread),
+        }
+    }
+
+    fn peaks(mut self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        (
+            self.peaks.0.load(Ordering::Relaxed),
+            self.peaks.1.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Major page faults of this process (reads that went to the device through a map).
 fn major_faults() -> u64 {
     let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -300,7 +351,7 @@ fn factory(
             .expect("disk manager");
         return (Arc::new(DefaultFiles(Arc::new(dm))), None);
     }
-    let mut cfg = EngineConfig::new(root);
+    let mut cfg = SpillringFactory::config(root);
     cfg = match b {
         Backend::Buffered => cfg,
         Backend::Direct => cfg.mode(WriteMode::Direct),
@@ -310,6 +361,15 @@ fn factory(
     };
     if let Some(q) = quota {
         cfg = cfg.max_spill_bytes(q);
+    }
+    if let Some(mib) = std::env::var("SPILLRING_DF_SEGMENT_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        cfg = cfg.segment_size(mib << 20);
+    }
+    if std::env::var("SPILLRING_DF_NO_POOL").is_ok() {
+        cfg = cfg.pool_max_segments(0);
     }
     let engine = Engine::open(cfg).expect("open engine");
     (
@@ -337,14 +397,13 @@ fn session_for(
     if b.df_lz4() {
         cfg = cfg.set_str("datafusion.execution.spill_compression", "lz4_frame");
     }
-    let ctx = session_with(
+    session_with(
         parts,
         Some(pool),
         &Spills::Factory(Arc::new(Timed { inner: f, times })),
         cfg,
     )
-    .expect("session");
-    ctx
+    .expect("session")
 }
 
 fn run_one(a: &Args) -> RunOut {
@@ -365,12 +424,14 @@ fn run_one(a: &Args) -> RunOut {
         .build()
         .expect("runtime");
     let faults0 = major_faults();
+    let sampler = RssSampler::start();
     let t = Instant::now();
     let (r, plan) = rt.block_on(async {
         let plan = q.plan(&ctx).await.expect("plan");
         (run(q, &ctx, &plan).await, plan)
     });
     let wall = t.elapsed().as_secs_f64();
+    let (peak_anon_kib, peak_file_kib) = sampler.peaks();
     let (spill_files, spilled_bytes, spilled_rows) = spill_metrics(&plan);
     let physical = match &engine {
         Some(e) => e.metrics().physical_bytes_written,
@@ -387,6 +448,8 @@ fn run_one(a: &Args) -> RunOut {
         spilled_rows,
         physical_bytes: physical,
         peak_rss_kib: vm_hwm_kib(),
+        peak_anon_kib,
+        peak_file_kib,
         page_cache_misses: Some(major_faults() - faults0),
         ..RunOut::default()
     };

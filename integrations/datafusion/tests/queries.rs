@@ -12,7 +12,7 @@ use common::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillring::{Compression, Engine, EngineConfig, FileKind, WriteMode};
+use spillring::{Compression, Engine, FileKind, WriteMode};
 use spillring_datafusion::SpillringFactory;
 
 /// The ORDER BY's input: at least 256 MiB of Arrow memory.
@@ -92,7 +92,7 @@ fn query_matches_unlimited(q: Query, mode: WriteMode, compression: Compression, 
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("spill");
     let engine = Engine::open(
-        EngineConfig::new(&root)
+        SpillringFactory::config(&root)
             .mode(mode)
             .compression(compression)
             .encryption(encryption),
