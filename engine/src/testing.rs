@@ -73,6 +73,7 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
     let bind = block::Binding {
         segment,
         generation: h.generation,
+        engine,
     };
     let counters = crate::metrics::Counters::default();
     let mut off = crate::format::segment::HEADER_LEN;
@@ -138,6 +139,7 @@ pub fn encode_segment_blocks(
     let bind = Binding {
         segment,
         generation,
+        engine,
     };
     for (records, codec) in blocks {
         let mut raw = Vec::new();

@@ -498,7 +498,7 @@ fn check_damage(good: &Path) {
         SpillError::Corrupt { offset, detail, .. } => (*offset, *detail),
         other => panic!("want Corrupt, got {other:?}"),
     };
-    // Format v2: the records are one block at offset 64, whose checksum covers them all.
+    // Format v3: the records are one block at offset 64, whose checksum covers them all.
     const BLOCK: u64 = 64;
     // Cut inside frame 10's payload, inside its frame, inside the block header.
     for cut in [frame(10) + 500, frame(10) + 3] {
@@ -539,19 +539,25 @@ fn check_damage(good: &Path) {
         (64, (bytes.len() as u64, "bad block magic")),
         "{e}"
     );
-    // A version-1 segment (its header checksum valid): refused by name, never misread.
-    let mut v1 = bytes.clone();
-    v1[8..10].copy_from_slice(&1u16.to_le_bytes());
-    let crc = crc32c_of(&v1[..60]);
-    v1[60..64].copy_from_slice(&crc.to_le_bytes());
-    let (_, e) = read(&case("v1", &v1));
-    assert_eq!(
-        corrupt_at(&e),
+    // A version-1 or version-2 segment (its header checksum valid): refused by name, never
+    // misread (version 2's blocks were bound to no engine).
+    for (v, want) in [
         (
-            0,
-            "segment format version 1: this build reads version 2 only"
-        )
-    );
+            1u16,
+            "segment format version 1: this build reads version 3 only",
+        ),
+        (
+            2,
+            "segment format version 2 (blocks not bound to their engine): this build reads version 3 only",
+        ),
+    ] {
+        let mut old = bytes.clone();
+        old[8..10].copy_from_slice(&v.to_le_bytes());
+        let crc = crc32c_of(&old[..60]);
+        old[60..64].copy_from_slice(&crc.to_le_bytes());
+        let (_, e) = read(&case(&format!("v{v}"), &old));
+        assert_eq!(corrupt_at(&e), (0, want));
+    }
     // A damaged header, a file shorter than a header, an empty file, not a segment at all.
     let mut hdr = bytes.clone();
     hdr[13] ^= 1;

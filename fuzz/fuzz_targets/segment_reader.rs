@@ -1,4 +1,4 @@
-//! The segment format (version 2: blocks), through the reader's own parsers
+//! The segment format (version 3: blocks), through the reader's own parsers
 //! (`spillring::testing::parse_segment`, which calls `segment::parse_header`, the block
 //! parser and checksum of `format/block.rs`, and the readers' block decoder).
 //!

@@ -142,8 +142,8 @@ pub fn file_id(p: &Path) -> io::Result<FileId> {
 }
 
 /// Parses published segment files, in order, with loadgen's own parser of the documented
-/// format (version 2: header, then blocks of a 64-byte header (magic `SRB2`, codec, stored and
-/// raw lengths, record count, padding, CRC-32C of segment, generation, the block's offset, the
+/// format (version 3: header, then blocks of a 64-byte header (magic `SRB2`, codec, stored and
+/// raw lengths, record count, padding, CRC-32C of segment, generation, engine id, the block's offset, the
 /// header's first 48 bytes and the stored bytes), the stored records (`len u32 | 0 u32 |
 /// payload`), then `pad` zeros), and compares every record with what was written. loadgen
 /// runs without compression: a compressed block is an error here.
@@ -188,10 +188,11 @@ pub fn verify_published(paths: &[PathBuf], expect: &[Expect]) -> Result<(), Stri
                     buf.len()
                 ));
             }
-            let mut bind = [0u8; 16];
+            let mut bind = [0u8; 24];
             bind[0..4].copy_from_slice(&header.segment.to_le_bytes());
             bind[4..8].copy_from_slice(&header.generation.to_le_bytes());
-            bind[8..16].copy_from_slice(&(off as u64).to_le_bytes());
+            bind[8..16].copy_from_slice(&header.engine.to_le_bytes());
+            bind[16..24].copy_from_slice(&(off as u64).to_le_bytes());
             let crc = crc32c::crc32c_append(crc32c::crc32c(&bind), &h[..48]);
             let crc = crc32c::crc32c_append(crc, &buf[start..end]);
             if crc != u32_at(h, 48) {

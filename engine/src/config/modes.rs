@@ -1,6 +1,6 @@
 //! The kinds a configuration chooses between: the write mode, the backend, the compression.
 
-/// How blocks of records are compressed (format v2, `format/block.rs`).
+/// How blocks of records are compressed (format v3, `format/block.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {

@@ -1,4 +1,4 @@
-//! Blocks of format version 2, as pure functions: the block header, its checksum, the codecs,
+//! Blocks of format version 3, as pure functions: the block header, its checksum, the codecs,
 //! and the record frames inside a block. See [`crate::format::segment`] for the file layout.
 //!
 //! ```text
@@ -14,17 +14,20 @@
 //!  32  nonce      u64 LE  encrypted: the block's nonce counter; otherwise zero
 //!  40  reserved   8 zero bytes
 //!  48  check      16 bytes: CRC-32C (u32 LE, then 12 zero bytes) of the binding
-//!                 (segment u32 LE, generation u32 LE, the block's file offset u64 LE),
-//!                 header bytes 0..48 and the stored bytes; encrypted: the AES-256-GCM tag
-//!                 over the stored bytes with binding + header bytes 0..48 as AAD
+//!                 (segment u32 LE, generation u32 LE, engine id u64 LE, the block's file
+//!                 offset u64 LE), header bytes 0..48 and the stored bytes; encrypted: the
+//!                 AES-256-GCM tag over the stored bytes with binding + header bytes 0..48
+//!                 as AAD
 //! records, once decoded: frames back to back
 //!   0  len        u32 LE  payload length
 //!   4  reserved   u32     zero
 //!   8  payload
 //! ```
 //!
-//! The binding makes a block of another segment, of an earlier use of a recycled file, or of
-//! another place in the same file fail its checksum. The checksum covers the stored bytes, so a
+//! The binding makes a block of another segment, of an earlier use of a recycled file, of
+//! another engine (two engines number their segments alike) or of another place in the same
+//! file fail its checksum. (Version 2 bound no engine id: its segments are refused by their
+//! header's version, never read.) The checksum covers the stored bytes, so a
 //! compressed block is checked before it is decompressed.
 
 use std::ops::Range;
@@ -82,20 +85,27 @@ pub struct BlockHeader {
     pub encrypted: bool,
 }
 
-/// Which segment and use a block belongs to, and where it lies: bound into its checksum.
+/// Which engine, segment and use a block belongs to, and where it lies: bound into its
+/// checksum (and an encrypted block's associated data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Binding {
     /// Segment number.
     pub segment: u32,
     /// Use of the file.
     pub generation: u32,
+    /// Id of the engine that wrote it (the segment header's engine field).
+    pub engine: u64,
 }
 
-pub(super) fn binding_bytes(b: Binding, offset: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
+/// Bytes of a block's binding with its offset.
+pub(super) const BINDING_LEN: usize = 24;
+
+pub(super) fn binding_bytes(b: Binding, offset: u64) -> [u8; BINDING_LEN] {
+    let mut v = [0u8; BINDING_LEN];
     v[0..4].copy_from_slice(&b.segment.to_le_bytes());
     v[4..8].copy_from_slice(&b.generation.to_le_bytes());
-    v[8..16].copy_from_slice(&offset.to_le_bytes());
+    v[8..16].copy_from_slice(&b.engine.to_le_bytes());
+    v[16..24].copy_from_slice(&offset.to_le_bytes());
     v
 }
 

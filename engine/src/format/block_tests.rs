@@ -4,6 +4,7 @@ use proptest::prelude::*;
 const B: Binding = Binding {
     segment: 3,
     generation: 7,
+    engine: 0xE1,
 };
 
 /// A segment buffer with one block of `records` at `off`, stored with `codec`.
@@ -88,7 +89,7 @@ fn incompressible_data_is_not_compressed() {
 }
 
 #[test]
-fn a_block_of_another_segment_generation_or_offset_is_damage() {
+fn a_block_of_another_segment_generation_engine_or_offset_is_damage() {
     let recs: Vec<&[u8]> = vec![b"hello", b"world"];
     for codec in [Codec::Raw, Codec::Lz4] {
         let buf = block_bytes(&recs, codec, 64, B);
@@ -97,10 +98,17 @@ fn a_block_of_another_segment_generation_or_offset_is_damage() {
             Binding {
                 segment: 4,
                 generation: 7,
+                engine: 0xE1,
             },
             Binding {
                 segment: 3,
                 generation: 8,
+                engine: 0xE1,
+            },
+            Binding {
+                segment: 3,
+                generation: 7,
+                engine: 0xE2,
             },
         ] {
             assert_eq!(

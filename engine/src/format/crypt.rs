@@ -1,4 +1,4 @@
-//! Ephemeral encryption of format-v2 blocks: AES-256-GCM (`ring`) under a key made at
+//! Ephemeral encryption of format-v3 blocks: AES-256-GCM (`ring`) under a key made at
 //! `Engine::open` and held only in memory.
 //!
 //! An encrypted block sets bit 0 of its header's flags byte (5), carries its nonce counter in
@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, Tag, UnboundKey};
 use zeroize::Zeroizing;
 
-use super::block::{BLOCK_HEADER_LEN, Binding, binding_bytes};
+use super::block::{BINDING_LEN, BLOCK_HEADER_LEN, Binding, binding_bytes};
 
 /// Bytes of an AES-256 key.
 pub const KEY_LEN: usize = 32;
@@ -150,10 +150,10 @@ fn nonce(counter: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
-fn aad_bytes(bind: Binding, offset: u64, fields: &[u8; 48]) -> [u8; 64] {
-    let mut a = [0u8; 64];
-    a[..16].copy_from_slice(&binding_bytes(bind, offset));
-    a[16..].copy_from_slice(fields);
+fn aad_bytes(bind: Binding, offset: u64, fields: &[u8; 48]) -> [u8; BINDING_LEN + 48] {
+    let mut a = [0u8; BINDING_LEN + 48];
+    a[..BINDING_LEN].copy_from_slice(&binding_bytes(bind, offset));
+    a[BINDING_LEN..].copy_from_slice(fields);
     a
 }
 
@@ -165,6 +165,7 @@ mod tests {
     const B: Binding = Binding {
         segment: 3,
         generation: 7,
+        engine: 0xE1,
     };
 
     fn key(byte: u8, id: u64) -> BlockKey {
@@ -246,10 +247,17 @@ mod tests {
             Binding {
                 segment: 4,
                 generation: 7,
+                engine: 0xE1,
             },
             Binding {
                 segment: 3,
                 generation: 8,
+                engine: 0xE1,
+            },
+            Binding {
+                segment: 3,
+                generation: 7,
+                engine: 0xE2,
             },
         ] {
             assert!(open_at(&k, &buf, other, 64).is_err());

@@ -1,4 +1,4 @@
-//! The segment file format (version 2). Knows nothing of tickets or I/O backends.
+//! The segment file format (version 3). Knows nothing of tickets or I/O backends.
 //!
 //! ```text
 //! header (64 bytes, at offset 0)
@@ -14,19 +14,21 @@
 //!  40  reserved   20 zero bytes
 //!  60  crc        u32 LE   CRC-32C of bytes 0..60
 //! blocks, back to back (see format/block.rs): a 64-byte block header (codec, stored and raw
-//! lengths, record count, padding, CRC-32C bound to segment, generation and the block's
-//! offset), the stored bytes (the records' frames, raw or compressed), then `pad` zeros
+//! lengths, record count, padding, CRC-32C bound to segment, generation, engine id and the
+//! block's offset), the stored bytes (the records' frames, raw or compressed), then `pad` zeros
 //! records inside a block, once decoded
 //!   0  len        u32 LE   payload length
 //!   4  reserved   u32      zero
 //!   8  payload
 //! ```
 //!
-//! The generation, the segment number and the block's offset are bound into every block's
-//! checksum, so a block left in a recycled file by an earlier use, or pasted from another
-//! segment, never parses as one of this use's blocks. Records carry no checksum of their own:
-//! the block's covers them (version 1 had a CRC per record frame; a version-1 segment is
-//! refused with a typed `Corrupt` error, never read as version 2).
+//! The generation, the segment number, the engine id and the block's offset are bound into
+//! every block's checksum, so a block left in a recycled file by an earlier use, or pasted from
+//! another segment or another engine's segment of the same number, never parses as one of
+//! this use's blocks. Records carry no checksum of their own: the block's covers them
+//! (version 1 had a CRC per record frame; version 2 had version 3's blocks without the engine
+//! id in their binding: a segment of either is refused with a typed `Corrupt` error by its
+//! version, never read as version 3).
 //!
 //! The writer knows each segment's logical length; in direct mode every block but a segment's
 //! last ends on 4 KiB (its `pad`), and the file is padded with zeros to 4 KiB past the logical
@@ -44,7 +46,7 @@ pub const FRAME_LEN: usize = 8;
 /// Largest payload one record can hold.
 pub const MAX_RECORD: u64 = u32::MAX as u64;
 /// Format version written (and the only one read) by this build.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 
 const MAGIC: &[u8; 8] = b"SPILLRNG";
 
@@ -105,7 +107,12 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
     if version == 1 {
-        return Err("segment format version 1: this build reads version 2 only");
+        return Err("segment format version 1: this build reads version 3 only");
+    }
+    if version == 2 {
+        return Err(
+            "segment format version 2 (blocks not bound to their engine): this build reads version 3 only",
+        );
     }
     if version != VERSION {
         return Err("unsupported segment format version");
@@ -247,17 +254,26 @@ mod tests {
         }
     }
 
-    /// A version-1 header (valid checksum) is refused by name, never parsed as version 2.
+    /// A version-1 or version-2 header (valid checksum) is refused by name, never parsed as
+    /// version 3 (whose blocks bind the engine id, which version 2's did not).
     #[test]
-    fn a_version_1_segment_is_refused_by_name() {
-        let mut h = encode_header(7, 1, 0, 0);
-        h[8..10].copy_from_slice(&1u16.to_le_bytes());
-        let crc = crc::crc32c(&h[..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(
-            parse_header(&h),
-            Err("segment format version 1: this build reads version 2 only")
-        );
+    fn a_version_1_or_2_segment_is_refused_by_name() {
+        for (v, want) in [
+            (
+                1u16,
+                "segment format version 1: this build reads version 3 only",
+            ),
+            (
+                2,
+                "segment format version 2 (blocks not bound to their engine): this build reads version 3 only",
+            ),
+        ] {
+            let mut h = encode_header(7, 1, 0, 0);
+            h[8..10].copy_from_slice(&v.to_le_bytes());
+            let crc = crc::crc32c(&h[..60]);
+            h[60..64].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(parse_header(&h), Err(want));
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub(crate) struct IoBuf {
     pub slot: Option<u16>,
     /// Counted in the pool's bytes in flight (a submitted write holds it).
     in_flight: bool,
-    /// The block (format v2) open in this buffer: where its header is reserved and how many
+    /// The block (format v3) open in this buffer: where its header is reserved and how many
     /// records it holds so far; sealed when the buffer is written.
     pub block: Option<OpenBlock>,
     /// What the I/O thread that writes the buffer does first ([`IoBuf::apply_fills`]): the

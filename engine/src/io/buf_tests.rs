@@ -110,6 +110,7 @@ fn a_deferred_seal_writes_the_header_an_eager_one_gives() {
     let bind = Binding {
         segment: 3,
         generation: 9,
+        engine: 1,
     };
     let frame = record_frame(rec.len());
     let stored = (frame.len() + rec.len()) as u64;

@@ -310,6 +310,7 @@ impl SpillReader {
             let bind = Binding {
                 segment: m.seg,
                 generation: m.generation,
+                engine: self.grant.0.core().id,
             };
             let key = self.grant.0.core().key.as_ref();
             let found = block::block_at(&m.bytes, m.off, m.end).and_then(|b| match b {

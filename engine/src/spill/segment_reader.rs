@@ -206,6 +206,7 @@ impl SegmentReader {
         let bind = Binding {
             segment: self.header.segment,
             generation: self.header.generation,
+            engine: self.header.engine,
         };
         block::check_parts(&head, &stored, bind, off).map_err(|d| bad(d.detail))?;
         let mut pad = [0u8; 4096];

@@ -112,7 +112,7 @@ impl SpillWriter {
             let offset = seg.logical;
             // No padding: the block may end mid-buffer, and the next one starts there.
             p.pad = 0;
-            let bind = seg_binding(seg.segment, seg.generation);
+            let bind = seg_binding(self.core.id, seg.segment, seg.generation);
             if self.core.key.is_some() {
                 // Encrypted: the record's ciphertext (an owned copy, the one allocation of an
                 // encrypted large record) replaces it; its length is the same.
@@ -262,7 +262,7 @@ impl SpillWriter {
         let Some(seg) = self.seg.as_ref() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
-        let bind = seg_binding(seg.segment, seg.generation);
+        let bind = seg_binding(self.core.id, seg.segment, seg.generation);
         let (prefix, ct) = if self.core.key.is_some() {
             let (p, ct) = large_encrypted(&self.core, bind, seg.logical, rec);
             (p, Some(ct))

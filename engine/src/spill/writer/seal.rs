@@ -45,7 +45,7 @@ impl SpillWriter {
         let end = buf.len;
         let header = seal_in_place(
             &self.core,
-            seg_binding(seg.segment, seg.generation),
+            seg_binding(self.core.id, seg.segment, seg.generation),
             seg.staged_at + ob.at as u64,
             Codec::Raw,
             raw_len as u64,
@@ -95,7 +95,7 @@ impl SpillWriter {
         let Some(seg) = self.seg.as_ref() else {
             return buf;
         };
-        let bind = seg_binding(seg.segment, seg.generation);
+        let bind = seg_binding(self.core.id, seg.segment, seg.generation);
         let offset = seg.staged_at + ob.at as u64;
         let body = ob.at + BLOCK_HEADER_LEN;
         let raw_len = buf.len - body;
@@ -221,11 +221,12 @@ impl SpillWriter {
     }
 }
 
-/// The binding of blocks of use `generation` of segment `segment`.
-pub(super) fn seg_binding(segment: u32, generation: u32) -> Binding {
+/// The binding of blocks of use `generation` of segment `segment` of engine `engine`.
+pub(super) fn seg_binding(engine: u64, segment: u32, generation: u32) -> Binding {
     Binding {
         segment,
         generation,
+        engine,
     }
 }
 
