@@ -75,6 +75,8 @@ pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<Segmen
     Counters::add(&core.counters.deletes_in_flight, n as u64);
     let batch = Arc::new(DeleteBatch {
         core: core.clone(),
+        mark: core.store.delete_marks.begin(),
+        left: std::sync::atomic::AtomicUsize::new(n),
         started: std::time::Instant::now(),
         // `Option<SegmentEntry>` has the size of `SegmentEntry`: this reuses the allocation.
         entries: Mutex::new(entries.into_iter().map(Some).collect()),
@@ -108,6 +110,10 @@ fn seg_name(seg: u32) -> NameBuf {
 /// A batch of segment deletes in flight on the normal path.
 struct DeleteBatch {
     core: Arc<Core>,
+    /// Its number in `Store::delete_marks`, ended when its last file has an outcome.
+    mark: u64,
+    /// Files without an outcome yet.
+    left: std::sync::atomic::AtomicUsize,
     /// When the batch was queued (each unlink's latency counts from here).
     started: std::time::Instant,
     entries: Mutex<Vec<Option<SegmentEntry>>>,
@@ -148,7 +154,27 @@ impl OpSink for DeleteBatch {
         // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
         Counters::add(&c.deletes_in_flight, u64::MAX); // -1
         self.core.store.cleanup.end();
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.core.store.delete_marks.end(self.mark);
+        }
     }
+}
+
+/// The mark of every delete queued so far (see `store/marks.rs`), for [`wait_freed`].
+pub(crate) fn delete_mark(core: &Core) -> u64 {
+    core.store.delete_marks.mark()
+}
+
+/// Longest a writer that failed with `StorageFull` waits for its deletes: the space is back
+/// when the error returns unless the device takes longer than this to free it.
+pub(crate) const FREED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits (up to [`FREED_WAIT`]) until every delete queued before `mark` has an outcome and
+/// the reaper closed what those files held (the last close of a deleted file frees its
+/// blocks): the space of the files deleted is back. True if it is.
+pub(crate) fn wait_freed(core: &Core, mark: u64) -> bool {
+    let deadline = std::time::Instant::now() + FREED_WAIT;
+    core.store.delete_marks.wait_reached(mark, deadline) && core.io.reaper().flush_until(deadline)
 }
 
 /// The longest emptied file list [`recycle`] keeps for reuse (segments).

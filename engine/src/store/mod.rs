@@ -1,11 +1,12 @@
 //! Where files live, with no threads of their own: the ticket ledger ([`ledger`]), the roots
 //! and their health ([`roots`]), process directories ([`proc`]), task directories and their
-//! table ([`dir`]), a segment file with its ticket ([`entry`]), and the cleanup worker's queue
-//! of name-only records ([`queue`]).
+//! table ([`dir`]), a segment file with its ticket ([`entry`]), the cleanup worker's queue
+//! of name-only records ([`queue`]), and the marks of delete batches in flight ([`marks`]).
 
 pub(crate) mod dir;
 pub(crate) mod entry;
 pub(crate) mod ledger;
+pub(crate) mod marks;
 pub(crate) mod pool;
 pub(crate) mod proc;
 pub(crate) mod queue;
@@ -33,6 +34,8 @@ pub(crate) struct Store {
     pub(crate) cleanup: Arc<CleanupQueue>,
     /// Released segment files kept for reuse.
     pub(crate) pool: SegmentPool,
+    /// Which delete batches are done (a `StorageFull` writer waits for its own).
+    pub(crate) delete_marks: marks::DeleteMarks,
     /// Where segments live: the process directory under each root, as a directory entry that
     /// is never closed (so never removed while the engine runs).
     root_dirs: Vec<Arc<TaskDir>>,
@@ -67,6 +70,7 @@ impl Store {
             roots,
             cleanup,
             pool,
+            delete_marks: marks::DeleteMarks::default(),
             root_dirs,
         }
     }

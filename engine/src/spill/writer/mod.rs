@@ -128,6 +128,8 @@ pub struct SpillWriter {
     span: tracing::Span,
     /// Format v2: the block codec and `Auto`'s state (`place.rs`).
     codec: codec::CodecState,
+    /// Failed with `StorageFull`: the delete mark its error waits for (`settle`).
+    freeing: Option<u64>,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -184,6 +186,7 @@ impl SpillWriter {
             growing: None,
             mapping: None,
             life: Life::Open,
+            freeing: None,
             core,
         })
     }
@@ -234,7 +237,7 @@ impl SpillWriter {
         let started = Instant::now();
         self.begin(record)?;
         let r = poll_fn(|cx| self.step(&mut Wait::Async(cx))).await;
-        let r = self.settle(r);
+        let r = self.settle_async(r).await;
         self.core.counters.latency.write.record_since(started);
         r
     }
@@ -276,7 +279,7 @@ impl SpillWriter {
             self.poll_drained(&mut w)
         })
         .await;
-        self.settle(r)?;
+        self.settle_async(r).await?;
         if alloc::needs_trim(&self.shared) {
             let (core, shared, direct) = (self.core.clone(), self.shared.clone(), self.direct);
             let mut job = self
@@ -382,10 +385,33 @@ impl SpillWriter {
         Ok(())
     }
 
+    /// [`SpillWriter::route`]; after a `StorageFull` failure, waits (bounded) until the
+    /// writer's files are deleted and closed, so their space is back when the error returns.
+    fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
+        let r = self.route(r);
+        if let Some(mark) = self.freeing.take() {
+            crate::cleanup::wait_freed(&self.core, mark);
+        }
+        r
+    }
+
+    /// [`SpillWriter::settle`] for an async call: the wait runs on the offload pool.
+    async fn settle_async<T>(&mut self, r: Result<T>) -> Result<T> {
+        let r = self.route(r);
+        if let Some(mark) = self.freeing.take() {
+            let core = self.core.clone();
+            let mut job = self.core.io.offload().run(move || {
+                crate::cleanup::wait_freed(&core, mark);
+            });
+            poll_fn(|cx| job.poll(cx)).await;
+        }
+        r
+    }
+
     /// Routes an error: admission refusals leave the writer open; an abort is observed; any
     /// other error fails the writer and deletes its files. The first error is what the caller
     /// gets.
-    fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
+    fn route<T>(&mut self, r: Result<T>) -> Result<T> {
         match r {
             Ok(v) => Ok(v),
             Err(
@@ -487,6 +513,9 @@ impl SpillWriter {
         self.life = Life::Failed;
         self.release_io();
         self.delete_own_files();
+        if err.is_storage_full() {
+            self.freeing = Some(crate::cleanup::delete_mark(&self.core));
+        }
         self.task.unregister(self.hook_id);
         err
     }

@@ -209,7 +209,7 @@ impl SpillWriter {
             return Ok(self.owned_slot(len));
         }
         let r = poll_fn(|cx| self.poll_room(need, &mut Wait::Async(cx))).await;
-        if !self.settle(r)? {
+        if !self.settle_async(r).await? {
             return Ok(self.owned_slot(len));
         }
         self.in_place_slot(len, started, true)
