@@ -13,7 +13,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spillring::{BackendKind, Bytes, Engine, EngineConfig};
+use spillring::{
+    BackendKind, Bytes, Engine, EngineConfig, FaultAction, FaultPlan, FaultPoint, Trigger,
+};
 
 /// Counts allocations (and reallocations, which may move) while `COUNTING` is set.
 struct Counting;
@@ -71,6 +73,54 @@ per_backend!(
     an_append_in_steady_state_allocates_nothing
 );
 
+/// The steady state's barrier: waits until every other thread of the process (the engine's
+/// I/O, reaper and cleanup threads) is asleep, three looks in a row. A thread the scheduler has
+/// not run yet is runnable, not asleep, so past this every engine thread has reached its
+/// idle wait at least once: its one-offs (a channel's per-thread context on its first block,
+/// the thread-local destructor list, the cleanup worker's start) are behind it, not in the
+/// count. Without it, on a loaded machine a thread that had not run during the warm-up made
+/// them inside the counted run (the psync thread's first block on its channel: 48 + 96 bytes;
+/// the cleanup worker's start: 17, 32 and 1024 bytes), and with the free lists' growth, more
+/// than `WRITE_ONE_OFF` once in a release run.
+fn wait_engine_threads_idle() {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() }.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut quiet = 0;
+    while quiet < 3 {
+        let busy: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .expect("read /proc/self/task")
+            .flatten()
+            .filter(|t| t.file_name().to_string_lossy() != me)
+            .filter_map(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                // "tid (comm) S ...": the state follows the last ')'.
+                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                (state != 'S').then(|| format!("{} {state}", t.file_name().to_string_lossy()))
+            })
+            .collect();
+        quiet = if busy.is_empty() { quiet + 1 } else { 0 };
+        assert!(
+            Instant::now() < deadline,
+            "engine threads still not idle after 20 s: {busy:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A plan that slows the first `n` writes (3 ms each), so a warm-up fills the writer's
+/// in-flight budget and the writer waits for it at least once (its first park is a one-off
+/// too), however fast or loaded the machine is. Cleared before the count, once all `n` ran.
+fn slow_first_writes(n: u64) -> std::sync::Arc<FaultPlan> {
+    let plan = FaultPlan::new(1);
+    plan.arm(
+        FaultPoint::IoWrite,
+        FaultAction::Delay(Duration::from_millis(3)),
+        Trigger::Times(n),
+    );
+    plan
+}
+
 fn wait_deletes(engine: &Engine) {
     let start = Instant::now();
     while engine.pending_deletes() != 0 {
@@ -110,6 +160,7 @@ fn a_spill_cycle_allocates_at_most_twice(backend: BackendKind) {
         for _ in 0..256 {
             assert_eq!(cycle(&engine, &payload), size);
         }
+        wait_engine_threads_idle();
         const CYCLES: u64 = 1000;
         let b0 = ALLOCS.load(Ordering::Relaxed);
         COUNTING.store(true, Ordering::SeqCst);
@@ -140,13 +191,24 @@ fn a_spill_cycle_allocates_at_most_twice(backend: BackendKind) {
 /// used to grow it now and then (`io::buf::tests::a_return_never_grows_the_free_list`).
 fn a_write_in_steady_state_allocates_nothing(backend: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(EngineConfig::new(dir.path()).backend(backend)).unwrap();
+    let plan = slow_first_writes(10);
+    let engine = Engine::open(
+        EngineConfig::new(dir.path())
+            .backend(backend)
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
     let payload = Bytes::from(record(1, 4 << 10));
     let task = engine.task("alloc-writes").unwrap();
     let mut w = task.writer().unwrap();
     for _ in 0..3_000 {
         w.write(payload.clone()).unwrap();
     }
+    wait_for("the warm-up's slowed writes", || {
+        plan.fired(FaultPoint::IoWrite) == 10
+    });
+    plan.clear_all();
+    wait_engine_threads_idle();
     const WRITES: u64 = 10_000;
     let b0 = ALLOCS.load(Ordering::Relaxed);
     COUNTING.store(true, Ordering::SeqCst);
@@ -168,17 +230,31 @@ fn a_write_in_steady_state_allocates_nothing(backend: BackendKind) {
 
 /// `append` (the byte stream a serialiser writes through `std::io::Write`) copies each slice
 /// into the staging buffer and allocates nothing: 20,000 appends of 7 B to 9 KiB past the
-/// warm-up, in one segment, allocate only the one-offs a run of writes may.
+/// warm-up, in one segment, allocate only the one-offs a run of writes may. (The warm-up's
+/// 6,000 appends fill 14 buffers: more than the in-flight budget, with the first 10 slowed;
+/// the segment is 128 MiB so that it holds them and the counted run.)
 fn an_append_in_steady_state_allocates_nothing(backend: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(EngineConfig::new(dir.path()).backend(backend)).unwrap();
+    let plan = slow_first_writes(10);
+    let engine = Engine::open(
+        EngineConfig::new(dir.path())
+            .backend(backend)
+            .segment_size(128 << 20)
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
     let payload = record(2, 9 << 10);
     let task = engine.task("alloc-appends").unwrap();
     let mut w = task.writer().unwrap();
     let sizes = [7usize, 120, 9 << 10, 64, 3000];
-    for i in 0..3_000 {
+    for i in 0..6_000 {
         w.append(&payload[..sizes[i % sizes.len()]]).unwrap();
     }
+    wait_for("the warm-up's slowed writes", || {
+        plan.fired(FaultPoint::IoWrite) == 10
+    });
+    plan.clear_all();
+    wait_engine_threads_idle();
     const APPENDS: usize = 20_000;
     let b0 = ALLOCS.load(Ordering::Relaxed);
     COUNTING.store(true, Ordering::SeqCst);

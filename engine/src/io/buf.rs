@@ -313,6 +313,15 @@ impl BufferPool {
         (len / MIN_BUFFER).max(1).ilog2() as usize
     }
 
+    /// The free lists of unregistered buffers, one per size class, each with room for as many
+    /// buffers of its size as can ever be free at once (the budget's worth, up to `retain`):
+    /// a burst of returns never grows a list on an I/O thread.
+    fn plain_lists(&self) -> Vec<Vec<MmapMut>> {
+        (0..self.classes())
+            .map(|k| Vec::with_capacity((self.budget / self.class_size(k)).min(self.retain)))
+            .collect()
+    }
+
     /// Number of size classes: 4 KiB doubling below `size`, then `size`.
     fn classes(&self) -> usize {
         let below = (self.size.saturating_sub(1) / MIN_BUFFER).max(1).ilog2() as usize + 1;
@@ -366,7 +375,7 @@ impl BufferPool {
     ) -> Result<Take, Short> {
         let epoch = free.returns;
         if free.plain.is_empty() {
-            free.plain = (0..self.classes()).map(|_| Vec::new()).collect();
+            free.plain = self.plain_lists();
         }
         let floor = self.class(at_least.clamp(MIN_BUFFER, self.size).next_power_of_two());
         let floor = if at_least > self.class_size(floor) {
@@ -558,7 +567,7 @@ impl BufferPool {
                 Some(s) => free.slotted.push((map, s)),
                 None => {
                     if free.plain.is_empty() {
-                        free.plain = (0..self.classes()).map(|_| Vec::new()).collect();
+                        free.plain = self.plain_lists();
                     }
                     let k = self.class(len);
                     if free.plain[k].len() < self.retain {

@@ -19,6 +19,40 @@ fn a_return_never_grows_the_free_list() {
     );
 }
 
+/// The unregistered buffers' free lists too (the psync backend's, and io_uring's past its
+/// registered slots): the first return makes room for as many buffers of each size as the
+/// budget can hold (up to the retain bound), so a burst of returns (more writes in flight
+/// than ever before, as on a loaded machine) never grows a list on an I/O thread. Before, the
+/// lists grew by doubling, and `alloc.rs psync::a_write_in_steady_state_allocates_nothing`
+/// counted their reallocations (64 -> 128, 128 -> 256 bytes on `spillring-psync`) when a
+/// stall put more buffers in flight during its count than during its warm-up.
+#[test]
+fn a_return_never_grows_the_plain_free_lists() {
+    let p = BufferPool::new(64 << 10, 0, 64, 1 << 20);
+    // Buffers shrink as the budget fills: these are of several sizes.
+    let held: Vec<IoBuf> = (0..24).map(|_| p.try_get(0).unwrap()).collect();
+    let mut held = held.into_iter();
+    drop(held.next());
+    let caps = |p: &BufferPool| -> Vec<usize> {
+        p.free.lock().plain.iter().map(|v| v.capacity()).collect()
+    };
+    let first = caps(&p);
+    for (k, cap) in first.iter().enumerate() {
+        let fits = ((1 << 20) / p.class_size(k)).min(64);
+        assert!(
+            *cap >= fits,
+            "class {k}: room for {cap}, the budget holds {fits}: {first:?}"
+        );
+    }
+    drop(held);
+    assert_eq!(
+        p.free.lock().plain.iter().map(Vec::len).sum::<usize>(),
+        24,
+        "every buffer was kept"
+    );
+    assert_eq!(caps(&p), first, "the returns did not grow a list");
+}
+
 #[test]
 fn classes_cover_4k_to_the_full_size() {
     let p = BufferPool::new(1 << 20, 0, 4, 64 << 20);
