@@ -20,7 +20,7 @@
 //! | `ReaderOpen` | a reader passed its abort check, before it opens the next segment | (use `pause`) |
 //! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
 //! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
-//! | `BufferMap` | a writer about to map a fresh staging buffer (an async writer: on the offload pool) | the map fails: the write fails with an I/O error |
+//! | `BufferMap` | the buffer pool about to map a fresh staging buffer (for an async writer: on the offload pool) | the map fails: the write fails with an I/O error |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).

@@ -214,6 +214,12 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
     }
 }
 
+/// Ops the I/O lanes' channels have room for now, summed over the lanes (0: a submit to any
+/// of them finds it full).
+pub fn lane_room(engine: &crate::Engine) -> usize {
+    engine.io_handle().lane_room()
+}
+
 /// Decode buffers the process-wide decode pool keeps now (compressed blocks' records give
 /// theirs back when the last one is dropped).
 pub fn decode_buffers_kept() -> usize {

@@ -83,6 +83,11 @@ impl Engine {
         self.inner.core.io.pool()
     }
 
+    /// The engine's I/O handle (for `testing::lane_room`).
+    pub(crate) fn io_handle(&self) -> &crate::io::IoHandle {
+        &self.inner.core.io
+    }
+
     /// A new task scope. `id` names it in paths and logs (characters other than
     /// `[A-Za-z0-9._-]` become `_`; ids need not be unique). Its directories are made on its
     /// first segment.

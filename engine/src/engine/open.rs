@@ -197,7 +197,7 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
 /// Starts the configured backend (io_uring, falling back to psync under `Auto`).
 fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
     let want_uring = cfg.backend != BackendKind::Psync;
-    let pool = BufferPool::new(
+    let pool = BufferPool::with_faults(
         cfg.io_buffer_size,
         if want_uring {
             cfg.registered_buffers
@@ -206,6 +206,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         },
         64,
         cfg.max_buffer_memory,
+        cfg.fault_plan.clone(),
     );
     let setup = IoSetup {
         threads: cfg.ring_threads,

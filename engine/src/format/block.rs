@@ -347,6 +347,31 @@ pub fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize> {
     .filter(|n| *n < src.len())
 }
 
+/// Compresses `raw` with `codec` in place, when that shrinks it: into a per-thread scratch
+/// buffer (kept: no allocation per block once it has grown, and no second staging buffer),
+/// copied back over the raw bytes. The compressed length, `None` if the codec does not shrink
+/// them (`raw` is then as it was).
+pub fn compress_in_place(codec: Codec, raw: &mut [u8]) -> Option<usize> {
+    thread_local! {
+        static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    OUT.with(|s| {
+        let mut s = s.borrow_mut();
+        // lz4_flex compresses straight into room for its worst case; zstd needs no more than
+        // the raw length (a larger output is refused anyway).
+        let max = match codec {
+            Codec::Lz4 => lz4_flex::block::get_maximum_output_size(raw.len()),
+            _ => raw.len(),
+        };
+        if s.len() < max {
+            s.resize(max, 0);
+        }
+        let n = compress(codec, raw, &mut s[..max])?;
+        raw[..n].copy_from_slice(&s[..n]);
+        Some(n)
+    })
+}
+
 /// lz4_flex wants room for its worst case (110% + 20 bytes); a smaller `dst` (a staging
 /// buffer the size of the block) gets the output through a per-thread scratch buffer, kept
 /// for the next block (no allocation per block once it has grown).

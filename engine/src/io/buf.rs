@@ -28,6 +28,7 @@ use memmap2::MmapMut;
 use parking_lot::{Condvar, Mutex};
 
 use super::fills::Fills;
+use crate::fault::{self, FaultPlan, FaultPoint, Injected};
 use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal, record_frame};
 use crate::format::segment::FRAME_LEN;
 
@@ -261,13 +262,29 @@ pub(crate) struct BufferPool {
     in_flight: AtomicUsize,
     /// Highest `mapped` seen.
     peak: AtomicUsize,
+    /// The engine's fault plan: fault point `buffer::map` is every map of a fresh buffer.
+    fault: Option<Arc<FaultPlan>>,
 }
 
 impl BufferPool {
     /// A pool of buffers of up to `size` bytes (a power-of-two multiple of 4 KiB or not: the
     /// largest is always `size`), mapping at most `budget` bytes.
+    #[cfg(test)]
     pub(crate) fn new(size: usize, max_slots: usize, retain: usize, budget: usize) -> Arc<Self> {
+        Self::with_faults(size, max_slots, retain, budget, None)
+    }
+
+    /// [`BufferPool::new`], its maps of fresh buffers going through fault point `buffer::map`
+    /// of `fault`.
+    pub(crate) fn with_faults(
+        size: usize,
+        max_slots: usize,
+        retain: usize,
+        budget: usize,
+        fault: Option<Arc<FaultPlan>>,
+    ) -> Arc<Self> {
         Arc::new(BufferPool {
+            fault,
             size,
             max_slots,
             retain,
@@ -471,7 +488,11 @@ impl BufferPool {
     /// Maps a buffer of `len` bytes already counted in `mapped` (its pages faulted in now if
     /// `populate`).
     fn map_new(self: &Arc<Self>, len: usize, full: bool, populate: bool) -> io::Result<IoBuf> {
-        let mut map = match MmapMut::map_anon(len) {
+        let injected = match fault::check(&self.fault, FaultPoint::BufferMap) {
+            Injected::Fail(errno) => Err(io::Error::from_raw_os_error(errno)),
+            _ => Ok(()),
+        };
+        let mut map = match injected.and_then(|()| MmapMut::map_anon(len)) {
             Ok(m) => m,
             Err(e) => {
                 self.mapped.fetch_sub(len, Ordering::Relaxed);

@@ -23,7 +23,7 @@ mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, OpenBlock, Short, Take};
+pub(crate) use buf::{BufferPool, IoBuf, Mapping, OpenBlock, Short, Take};
 pub(crate) use decode::DECODE_POOL;
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
@@ -195,31 +195,44 @@ impl IoHandle {
         self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
     }
 
-    /// Queues `op` on `lane`. If the I/O threads are gone (engine shut down), the op completes
+    /// Ops the lanes' channels have room for now, summed over the lanes.
+    pub(crate) fn lane_room(&self) -> usize {
+        self.lanes
+            .iter()
+            .map(|l| l.tx.capacity().unwrap_or(usize::MAX) - l.tx.len())
+            .sum()
+    }
+
+    /// Queues `op` on `lane` if its channel has room now, else gives it back (the caller waits
+    /// for room where it may block: [`IoHandle::submit`], on the offload pool for an async
+    /// writer). Never sleeps. If the I/O threads are gone (engine shut down), the op completes
     /// at once with an error, on this thread.
-    pub(crate) fn submit(&self, lane: usize, op: Op) {
+    // The op given back is moved, not boxed: a box would allocate on every submit.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn try_submit(&self, lane: usize, op: Op) -> Result<(), Op> {
         let lane = &self.lanes[lane % self.lanes.len()];
         let Some(_inside) = lane.gate.enter() else {
             // The lane's thread has left: nothing would ever take the op from its channel.
+            op.complete(Err(shut_down()));
+            return Ok(());
+        };
+        send_now(lane, op)
+    }
+
+    /// Queues `op` on `lane`, waiting for room in a full channel (back-pressure) unless a
+    /// shutdown's deadline passes first. If the I/O threads are gone (engine shut down), the
+    /// op completes at once with an error, on this thread.
+    pub(crate) fn submit(&self, lane: usize, op: Op) {
+        let lane = &self.lanes[lane % self.lanes.len()];
+        let Some(_inside) = lane.gate.enter() else {
             return op.complete(Err(shut_down()));
         };
-        let msg = match lane.tx.try_send(Msg::Op(op)) {
-            Ok(()) => return lane.wake.wake(),
-            Err(crossbeam_channel::TrySendError::Full(msg)) => msg,
-            Err(crossbeam_channel::TrySendError::Disconnected(msg)) => {
-                if let Msg::Op(op) = msg {
-                    op.complete(Err(shut_down()));
-                }
-                return;
-            }
-        };
-        let Msg::Op(op) = msg else { return };
+        let Err(op) = send_now(lane, op) else { return };
         if CURRENT_LANE.with(|c| c.get()) == lane.id {
             // The lane's own thread, from a completion: it drains this before sleeping.
             OVERFLOW.with(|o| o.borrow_mut().push_back(op));
             return;
         }
-        // Back-pressure: wait for room, unless a shutdown's deadline passes first.
         let mut msg = Msg::Op(op);
         loop {
             lane.wake.wake();
@@ -257,6 +270,27 @@ impl IoHandle {
             if t.join().is_err() {
                 tracing::error!("spillring I/O thread panicked");
             }
+        }
+    }
+}
+
+/// Sends `op` into `lane`'s channel if it has room (the caller is inside the lane's gate);
+/// gives it back when the channel is full.
+#[allow(clippy::result_large_err)]
+fn send_now(lane: &Lane, op: Op) -> Result<(), Op> {
+    match lane.tx.try_send(Msg::Op(op)) {
+        Ok(()) => {
+            lane.wake.wake();
+            Ok(())
+        }
+        Err(crossbeam_channel::TrySendError::Full(Msg::Op(op))) => Err(op),
+        // Only an op was sent.
+        Err(crossbeam_channel::TrySendError::Full(Msg::Shutdown)) => Ok(()),
+        Err(crossbeam_channel::TrySendError::Disconnected(msg)) => {
+            if let Msg::Op(op) = msg {
+                op.complete(Err(shut_down()));
+            }
+            Ok(())
         }
     }
 }

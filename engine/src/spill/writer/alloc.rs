@@ -7,13 +7,13 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::task::Poll;
 
 use super::hook::WriterShared;
+use super::step::Step;
 use super::{SpillWriter, Wait};
 use crate::config::DIRECT_ALIGN;
 use crate::core::Core;
-use crate::error::{Result, SpillError};
+use crate::error::Result;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::store::dir::{self};
-use crate::store::entry::SegmentEntry;
 
 impl SpillWriter {
     /// What a new segment allocates at its creation: a writer's first segment starts small
@@ -102,51 +102,14 @@ impl SpillWriter {
         } else {
             next_step(seg.allocated, end, seg.reserved)
         };
-        let file = match self.segment_file() {
-            Ok(f) => f,
-            Err(e) => return Poll::Ready(Err(e)),
+        let file = ready_ok!(self.poll_file(wait));
+        let step = Step::Grow {
+            file,
+            direct,
+            preallocate: prealloc,
+            target,
         };
-        let r =
-            match wait {
-                Wait::Block => allocate_step(file.as_fd(), direct, prealloc, target),
-                Wait::Async(cx) => {
-                    if self.growing.is_none() {
-                        self.growing =
-                            Some(self.core.io.offload().run(move || {
-                                allocate_step(file.as_fd(), direct, prealloc, target)
-                            }));
-                    }
-                    let Some(job) = self.growing.as_mut() else {
-                        return Poll::Ready(Err(SpillError::WriterFailed));
-                    };
-                    let r = match job.poll(cx) {
-                        Poll::Ready(r) => r,
-                        Poll::Pending => return Poll::Pending,
-                    };
-                    self.growing = None;
-                    r
-                }
-            };
-        let Some(seg) = self.seg.as_mut() else {
-            return Poll::Ready(Err(SpillError::WriterFailed));
-        };
-        match r {
-            // The filesystem cannot (it could the first step): the write extends the file.
-            Ok(0) => Poll::Ready(Ok(())),
-            Ok(_) => {
-                seg.allocated = target;
-                Poll::Ready(Ok(()))
-            }
-            Err(e) => {
-                let f = self.shared.files.lock();
-                let path = f
-                    .entries
-                    .get(seg.entry_index)
-                    .map(SegmentEntry::path)
-                    .unwrap_or_default();
-                Poll::Ready(Err(SpillError::io("preallocate", path, e)))
-            }
-        }
+        self.run_step(step, wait)
     }
 }
 

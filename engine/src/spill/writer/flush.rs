@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use super::alloc::trimmed_len;
 use super::seal::open_block;
+use super::step::Step;
 use super::{SpillWriter, Wait, blocking};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
-use crate::fault::{self, FaultPoint, Injected};
 use crate::format::block::BLOCK_HEADER_LEN;
 use crate::io::{Op, OpKind, Short, Take, WriteData};
 use crate::metrics::Counters;
@@ -31,19 +31,6 @@ impl SpillWriter {
             if self.shared.files.is_aborted() {
                 return Poll::Ready(Err(SpillError::Aborted));
             }
-            if let Wait::Async(cx) = wait
-                && let Some(job) = self.mapping.as_mut()
-            {
-                let r = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
-                self.mapping = None;
-                return match r {
-                    Ok(b) => {
-                        self.staging = Some(b);
-                        Poll::Ready(Ok(()))
-                    }
-                    Err(e) => Poll::Ready(Err(short_error(Short::Io(e)))),
-                };
-            }
             let took = match wait {
                 Wait::Block => pool.try_take(at_least),
                 Wait::Async(cx) => match pool.try_take_now(at_least) {
@@ -61,30 +48,9 @@ impl SpillWriter {
                     self.staging = Some(b);
                     return Poll::Ready(Ok(()));
                 }
-                Ok(Take::Map(m)) => match wait {
-                    Wait::Block => {
-                        let r = match fault::check(&self.core.fault, FaultPoint::BufferMap) {
-                            Injected::Fail(errno) => Err(io::Error::from_raw_os_error(errno)),
-                            _ => m.map(false),
-                        };
-                        self.staging = Some(r.map_err(|e| short_error(Short::Io(e)))?);
-                        return Poll::Ready(Ok(()));
-                    }
-                    // The map, the unmaps that made room for it and the first touch of its
-                    // pages run on the offload pool (`io/buf.rs` `try_take`): the loop above
-                    // polls the job.
-                    Wait::Async(_) => {
-                        let fault = self.core.fault.clone();
-                        self.mapping = Some(self.core.io.offload().run(move || {
-                            if let Injected::Fail(errno) =
-                                fault::check(&fault, FaultPoint::BufferMap)
-                            {
-                                return Err(io::Error::from_raw_os_error(errno));
-                            }
-                            m.map(true)
-                        }));
-                    }
-                },
+                // The map, the unmaps that made room for it and the first touch of its pages:
+                // a step (on the offload pool for an async writer).
+                Ok(Take::Map(m)) => return self.run_step(Step::Map(m), wait),
                 Err(Short::Wait { epoch }) => match wait {
                     Wait::Block => pool.wait_returned(epoch),
                     Wait::Async(cx) => {
@@ -165,16 +131,12 @@ impl SpillWriter {
         SpillError::io("write", path, e)
     }
 
-    pub(super) fn submit(&mut self, op: Op) {
-        self.shared.tracker.st.lock().inflight += 1;
-        self.core.io.submit(self.lane, op);
-    }
-
     /// Submits `op` so that this writer's blocking `finish` can take it back and run it on
     /// its own thread if no I/O thread started it yet (it waits for it anyway): the op goes in
     /// the writer's claim slot and a claim to the lane, which runs whatever the slot still
     /// holds. One such op at a time: with the slot full, `op` is submitted as it is.
-    pub(super) fn submit_claimable(&mut self, op: Op) {
+    pub(super) fn submit_claimable(&mut self, op: Op) -> Poll<Result<()>> {
+        let w = &mut Wait::Block;
         match self.shared.claim.put(op) {
             Ok(()) => {
                 let claim = Op {
@@ -182,9 +144,9 @@ impl SpillWriter {
                     sink: self.shared.tracker.clone(),
                     token: 0,
                 };
-                self.submit(claim);
+                self.submit(claim, w)
             }
-            Err(op) => self.submit(op),
+            Err(op) => self.submit(op, w),
         }
     }
 
@@ -244,10 +206,7 @@ impl SpillWriter {
             let end = seg.staged_at + len as u64;
             ready_ok!(self.poll_allocated(end, sealing, wait));
         }
-        let file = match self.segment_file() {
-            Ok(f) => f,
-            Err(e) => return Poll::Ready(Err(e)),
-        };
+        let file = ready_ok!(self.poll_file(wait));
         let Some(buf) = self.staging.take() else {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
@@ -286,8 +245,7 @@ impl SpillWriter {
                 Err(e) => Poll::Ready(Err(self.write_error(token, e))),
             };
         }
-        self.submit(op);
-        Poll::Ready(Ok(()))
+        self.submit(op, wait)
     }
 
     /// Flushes and seals the open segment: records its length and trims its ticket's quota.

@@ -28,7 +28,7 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
 use crate::format::segment::MAX_RECORD;
-use crate::io::{IoBuf, Offloaded};
+use crate::io::IoBuf;
 use crate::metrics::Counters;
 use crate::spill::state::SpilledState;
 use crate::spill::task::TaskShared;
@@ -49,10 +49,10 @@ mod codec;
 mod flush;
 mod hook;
 mod place;
-mod reopen;
 mod rotate;
 mod seal;
 mod slot;
+mod step;
 mod stream;
 
 pub use slot::RecordSlot;
@@ -60,7 +60,7 @@ pub use slot::RecordSlot;
 use alloc::trim_allocations;
 use hook::WriterShared;
 use place::Placing;
-use rotate::{OpenSegment, Opened};
+use rotate::OpenSegment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -110,12 +110,8 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     staging: Option<IoBuf>,
     placing: Option<Placing>,
-    /// An async rotation running on the offload pool (see `rotate.rs`).
-    opening: Option<Offloaded<Result<Opened>>>,
-    /// An async allocation step of the open segment running on the offload pool (`rotate.rs`).
-    growing: Option<Offloaded<std::io::Result<u64>>>,
-    /// An async writer's fresh staging buffer being mapped on the offload pool (`place.rs`).
-    mapping: Option<Offloaded<std::io::Result<crate::io::IoBuf>>>,
+    /// An async call's step running on the offload pool (`step.rs`).
+    running: Option<step::Running>,
     life: Life,
     segment_size: u64,
     direct: bool,
@@ -182,9 +178,7 @@ impl SpillWriter {
             seg: None,
             staging: None,
             placing: None,
-            opening: None,
-            growing: None,
-            mapping: None,
+            running: None,
             life: Life::Open,
             freeing: None,
             core,
@@ -274,6 +268,7 @@ impl SpillWriter {
 
     async fn finish_async_sealed(mut self) -> Result<SpilledState> {
         let r = poll_fn(|cx| {
+            ready_ok!(self.resume(cx));
             let mut w = Wait::Async(cx);
             ready_ok!(self.seal_with(&mut w, true));
             self.poll_drained(&mut w)
@@ -366,7 +361,7 @@ impl SpillWriter {
         if self.shared.files.is_aborted() {
             return Err(self.observe_abort());
         }
-        if self.placing.is_some() || self.opening.is_some() || self.growing.is_some() {
+        if self.placing.is_some() || self.running.is_some() {
             // A write_async future was dropped half way: the stream may hold a torn record.
             // (Or an async call was dropped while its rotation ran on the offload pool: the
             // segment it records is not this writer's open one.)
@@ -529,8 +524,7 @@ impl SpillWriter {
 
     fn release_io(&mut self) {
         self.placing = None;
-        self.opening = None;
-        self.growing = None;
+        self.running = None;
         self.staging = None;
         self.seg = None;
     }
@@ -569,8 +563,7 @@ impl Drop for SpillWriter {
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
         self.seg = None;
-        self.opening = None;
-        self.growing = None;
+        self.running = None;
         WriterShared::shelve(&mut self.shared);
     }
 }

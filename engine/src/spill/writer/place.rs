@@ -56,6 +56,9 @@ impl Placing {
 impl SpillWriter {
     /// Places the current record; `Pending` only for async waits, with progress kept.
     pub(super) fn step(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        if let Wait::Async(cx) = wait {
+            ready_ok!(self.resume(cx));
+        }
         let Some(mut p) = self.placing.take() else {
             return Poll::Ready(Ok(()));
         };
@@ -136,17 +139,14 @@ impl SpillWriter {
             return Poll::Ready(Err(SpillError::WriterFailed));
         };
         let need = (LARGE_PREFIX_LEN + len + p.pad) as u64;
-        if p.vectored {
+        if p.vectored && p.done == 0 {
             ready_ok!(self.flush_staging(wait, false));
             ready_ok!(self.poll_slot(wait));
             if let Some(seg) = self.seg.as_ref() {
                 let end = seg.logical + need;
                 ready_ok!(self.poll_allocated(end, false, wait));
             }
-            let file = match self.segment_file() {
-                Ok(f) => f,
-                Err(e) => return Poll::Ready(Err(e)),
-            };
+            let file = ready_ok!(self.poll_file(wait));
             let Some(seg) = self.seg.as_mut() else {
                 return Poll::Ready(Err(SpillError::WriterFailed));
             };
@@ -165,13 +165,15 @@ impl SpillWriter {
                 sink: self.shared.tracker.clone(),
                 token: seg.entry_index as u64,
             };
+            // Placed: a `Pending` submit (a full lane) resumes after it.
+            p.done = LARGE_PREFIX_LEN + len;
             if matches!(wait, Wait::Block) {
                 // A blocking `finish` may take it back while it is still queued.
-                self.submit_claimable(op);
+                ready_ok!(self.submit_claimable(op));
             } else {
-                self.submit(op);
+                ready_ok!(self.submit(op, wait));
             }
-        } else {
+        } else if !p.vectored {
             let total = LARGE_PREFIX_LEN + len;
             while p.done < total {
                 let rec = p.rec.clone();
@@ -359,17 +361,12 @@ impl SpillWriter {
             ready_ok!(self.poll_seal(wait));
         }
         let Some(seg) = &mut self.seg else {
-            return match wait {
-                Wait::Block => Poll::Ready(self.open_segment(need)),
-                Wait::Async(cx) => self.poll_open_segment(need, cx),
-            };
+            return self.poll_rotated(need, wait);
         };
         if !seg.file.is_cached() {
             // Evicted while idle: reopened before any byte of the record is placed, so a
             // refusal (`TooManyOpenFiles`) leaves the writer usable.
-            if let Err(e) = self.reopen_segment() {
-                return Poll::Ready(Err(e));
-            }
+            ready_ok!(self.poll_reopened(wait));
         }
         let Some(seg) = &mut self.seg else {
             return Poll::Ready(Err(SpillError::WriterFailed));

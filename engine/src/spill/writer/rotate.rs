@@ -5,12 +5,12 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
-use super::SpillWriter;
 use super::alloc::allocate_step;
-use super::flush::short_error;
 use super::hook::WriterShared;
+use super::step::Step;
+use super::{SpillWriter, Wait};
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
 use crate::core::Core;
@@ -101,8 +101,8 @@ struct Created {
 }
 
 impl SpillWriter {
-    /// What a rotation needs of this writer, to run here or on an offload thread.
-    fn rotor(&self) -> Rotor {
+    /// What a rotation or a reopen needs of this writer, to run here or on an offload thread.
+    pub(super) fn rotor(&self) -> Rotor {
         Rotor {
             core: self.core.clone(),
             task: self.task.clone(),
@@ -112,49 +112,20 @@ impl SpillWriter {
         }
     }
 
-    /// Creates the next segment on the caller's thread (the blocking calls): see
-    /// [`Rotor::open`].
-    pub(super) fn open_segment(&mut self, need: u64) -> Result<()> {
+    /// Opens the next segment with room for a first record of `need` bytes: a rotation (see
+    /// [`Rotor::open`]), a step (`step.rs`: on the offload pool for an async writer). If the
+    /// future polling it is dropped meanwhile, the rotation still ends on the pool thread: a
+    /// file it records is deleted by the writer's failure (the next use of a writer whose
+    /// future was dropped) or, if the writer already gave up its files, is refused by the file
+    /// list and deleted by the rotation itself.
+    pub(super) fn poll_rotated(&mut self, need: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let reserve = self.segment_reserve(need);
-        let opened = self
-            .rotor()
-            .open(reserve, self.first_allocation(need, reserve))?;
-        self.start_segment(opened)
-    }
-
-    /// The async form of [`SpillWriter::open_segment`]: the rotation (ticket, create or pooled
-    /// reuse, allocation, the abort check, a staging buffer) runs on the engine's offload pool
-    /// and this returns `Pending` until it is done, so an async caller's thread makes none of
-    /// its syscalls. If the future polling this is dropped meanwhile, the rotation still ends
-    /// on the pool thread: a file it records is deleted by the writer's failure (the next use
-    /// of a writer whose future was dropped) or, if the writer already gave up its files, is
-    /// refused by the file list and deleted by the rotation itself.
-    pub(super) fn poll_open_segment(
-        &mut self,
-        need: u64,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<()>> {
-        if self.opening.is_none() {
-            let rotor = self.rotor();
-            let reserve = self.segment_reserve(need);
-            let step = self.first_allocation(need, reserve);
-            self.opening = Some(self.core.io.offload().run(move || {
-                let mut opened = rotor.open(reserve, step)?;
-                // Mapping a fresh staging buffer is a syscall too (a pooled one is not), and
-                // a full buffer budget waits here, off the caller's thread; a fresh one's
-                // pages are faulted in here too, not by the caller's first copy into it. An
-                // error leaves the recorded file to the writer's failure.
-                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN, true);
-                opened.buf = Some(buf.map_err(short_error)?);
-                Ok(opened)
-            }));
-        }
-        let Some(job) = self.opening.as_mut() else {
-            return Poll::Ready(Err(SpillError::WriterFailed));
+        let step = Step::Rotate {
+            rotor: self.rotor(),
+            reserve,
+            first: self.first_allocation(need, reserve),
         };
-        let r = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
-        self.opening = None;
-        Poll::Ready(r.and_then(|opened| self.start_segment(opened)))
+        self.run_step(step, wait)
     }
 
     /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
@@ -167,9 +138,9 @@ impl SpillWriter {
         reserve
     }
 
-    /// Starts writing the recorded segment: its file handle, and a staging buffer that holds
-    /// its header.
-    fn start_segment(&mut self, o: Opened) -> Result<()> {
+    /// Starts writing the recorded segment: its file handle, and `buf` as the staging buffer,
+    /// holding its header.
+    pub(super) fn start_segment(&mut self, o: Opened, mut buf: IoBuf) {
         let file = match o.fd {
             SegFile::Opened(fd, permit) => {
                 self.core
@@ -178,15 +149,6 @@ impl SpillWriter {
                     .install(fd, permit, self.core.io.reaper().clone())
             }
             SegFile::Kept(file, _in_use, _) => file,
-        };
-        let mut buf = match o.buf {
-            Some(b) => b,
-            None => self
-                .core
-                .io
-                .pool()
-                .get_blocking(HEADER_LEN, false)
-                .map_err(short_error)?,
         };
         buf.push(&segment::encode_header(
             o.seg,
@@ -210,18 +172,17 @@ impl SpillWriter {
             generation: o.generation,
             segment: o.seg,
         });
-        Ok(())
     }
 }
 
 /// What a rotation needs of its writer (shared handles only), so that it can run on an
 /// offload thread while the writer's future is parked.
 pub(super) struct Rotor {
-    core: Arc<Core>,
-    task: Arc<TaskShared>,
-    shared: Arc<WriterShared>,
-    lane: usize,
-    direct: bool,
+    pub(super) core: Arc<Core>,
+    pub(super) task: Arc<TaskShared>,
+    pub(super) shared: Arc<WriterShared>,
+    pub(super) lane: usize,
+    pub(super) direct: bool,
 }
 
 /// A segment created (or reused), allocated and recorded in the file list: ready to write.
@@ -236,8 +197,6 @@ pub(super) struct Opened {
     generation: u32,
     /// How full its root is of spills (`Store::root_fill`), for `Auto`'s space pressure.
     root_fill: f64,
-    /// A staging buffer taken on the offload thread (async rotations only).
-    buf: Option<IoBuf>,
 }
 
 impl Rotor {
@@ -274,7 +233,6 @@ impl Rotor {
             reserve,
             generation,
             root_fill,
-            buf: None,
         })
     }
 

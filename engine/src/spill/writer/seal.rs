@@ -84,8 +84,8 @@ impl SpillWriter {
     }
 
     /// Seals the block open in `buf` (which is about to be written at file offset
-    /// `staged_at`): compresses its records per the codec policy into a second pooled buffer
-    /// when that shrinks them, writes its header, pads it to `DIRECT_ALIGN` when `pad`.
+    /// `staged_at`): compresses its records in place per the codec policy when that shrinks
+    /// them, writes its header, pads it to `DIRECT_ALIGN` when `pad`.
     /// Returns the buffer to write and its length; keeps the segment's logical length.
     pub(super) fn seal_block(&mut self, mut buf: IoBuf, pad: bool) -> IoBuf {
         buf.end_open_record();
@@ -101,38 +101,24 @@ impl SpillWriter {
         let raw_len = buf.len - body;
         let t0 = Instant::now();
         let mut nanos = 0u64;
-        let codec = self.pick_codec(&buf.filled()[body..], &mut nanos);
-        let mut out = None;
-        if codec != Codec::Raw
-            && let Ok(mut o) = self.core.io.pool().try_get(buf.capacity())
-            && o.capacity() >= buf.len
-        {
-            let room = o.capacity() - body;
-            let n = {
-                let (src, dst) = (&buf.filled()[body..], &mut o.space()[body..body + room]);
-                block::compress(codec, src, dst)
-            };
-            match n {
-                Some(n) => {
-                    // The bytes before the block move to the other buffer: any deferred copy
-                    // among them is made first (here, on the writer's thread).
-                    buf.apply_fills();
-                    o.space()[..ob.at].copy_from_slice(&buf.filled()[..ob.at]);
-                    o.len = body + n;
-                    out = Some(o);
-                }
+        let mut codec = self.pick_codec(&buf.filled()[body..], &mut nanos);
+        if codec != Codec::Raw {
+            // In place: the bytes before the block (and any deferred copy among them, which
+            // the I/O thread makes) stay where they are. No second buffer, so no map and no
+            // pool lock here, in an async writer's poll.
+            let end = buf.len;
+            match block::compress_in_place(codec, &mut buf.space()[body..end]) {
+                Some(n) => buf.len = body + n,
                 None => {
                     if matches!(self.codec.mode, Compression::Auto) {
                         self.codec.auto.failed();
                     }
+                    codec = Codec::Raw;
                 }
             }
             nanos = t0.elapsed().as_nanos() as u64;
         }
-        let (mut w, codec) = match out {
-            Some(o) => (o, codec),
-            None => (buf, Codec::Raw),
-        };
+        let mut w = buf;
         let stored_len = w.len - body;
         let padn = if pad {
             w.len.next_multiple_of(DIRECT_ALIGN).min(w.capacity()) - w.len

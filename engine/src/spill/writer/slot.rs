@@ -208,7 +208,11 @@ impl SpillWriter {
         if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > self.core.io.pool().buffer_capacity() {
             return Ok(self.owned_slot(len));
         }
-        let r = poll_fn(|cx| self.poll_room(need, &mut Wait::Async(cx))).await;
+        let r = poll_fn(|cx| {
+            ready_ok!(self.resume(cx));
+            self.poll_room(need, &mut Wait::Async(cx))
+        })
+        .await;
         if !self.settle_async(r).await? {
             return Ok(self.owned_slot(len));
         }

@@ -1,0 +1,280 @@
+//! The steps of a write that may block, as one enum, and the one helper that runs them:
+//! inline for a blocking call, on the engine's offload pool for an async one (its poll returns
+//! `Pending` until the step ends; the next poll applies the result first, [`SpillWriter::resume`]).
+//! So an `_async` call makes none of these syscalls, and waits for none of these locks, on its
+//! caller's thread:
+//!
+//! - `Rotate`: open the next segment (`rotate.rs`: ticket, create or pooled reuse, the first
+//!   allocation step, the abort check) and map its staging buffer;
+//! - `Grow`: the next allocation step of the open segment (`alloc.rs`: `fallocate`);
+//! - `Map`: map a fresh staging buffer (`io/buf.rs` `Mapping`: `mmap`, the unmaps that made
+//!   room, the first touch of its pages);
+//! - `Reopen`: reopen the open segment after the engine's fd bound (`max_open_files`,
+//!   `io/fdcache.rs`) closed its idle fd: the fd permit (which may wait for another writer's fd
+//!   to go idle), `openat` by name with the flags it was created with (`O_DIRECT` in direct
+//!   mode), never creating, and a sleep on EMFILE. A segment the scope's cancel deleted
+//!   meanwhile is `Aborted` (the cancel owns its delete: the reopen never creates a file, so
+//!   every file still has exactly one deleter);
+//! - `Submit`: queue an op to a lane whose channel is full (wait for room).
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::alloc::allocate_step;
+use super::flush::short_error;
+use super::rotate::{Opened, Rotor};
+use super::{SpillWriter, Wait};
+use crate::core::Core;
+use crate::error::{Result, SpillError};
+use crate::fault::{self, FaultPoint};
+use crate::format::segment::{HEADER_LEN, SegmentFileName};
+use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Short};
+use crate::store::dir;
+use crate::store::entry::SegmentEntry;
+
+/// A step of a write that may block (see the module docs). A value that lives for one call
+/// (or moves into an offload job, boxed there): boxing its op would allocate per submit.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Step {
+    Rotate {
+        rotor: Rotor,
+        /// Bytes the new segment's ticket holds.
+        reserve: u64,
+        /// Its first allocation step.
+        first: u64,
+    },
+    Grow {
+        file: Arc<FileHandle>,
+        direct: bool,
+        preallocate: bool,
+        /// Bytes the segment is to have allocated.
+        target: u64,
+    },
+    Map(Mapping),
+    Reopen {
+        rotor: Rotor,
+        /// The open segment's index in the writer's file list.
+        entry: usize,
+    },
+    Submit {
+        core: Arc<Core>,
+        lane: usize,
+        op: Op,
+    },
+}
+
+/// What a step did, for [`SpillWriter::apply`].
+pub(super) enum Done {
+    Rotated(Opened, IoBuf),
+    Grown { target: u64, r: io::Result<u64> },
+    Mapped(io::Result<IoBuf>),
+    Reopened(OwnedFd, FdPermit),
+    Submitted,
+}
+
+/// A step running on the offload pool.
+pub(super) type Running = Offloaded<Result<Done>>;
+
+impl Step {
+    /// Runs the step on this thread. `off_thread`: on the offload pool (a fresh buffer's pages
+    /// are faulted in there, not by the caller's first copy into it).
+    fn run(self, off_thread: bool) -> Result<Done> {
+        match self {
+            Step::Rotate {
+                rotor,
+                reserve,
+                first,
+            } => {
+                let opened = rotor.open(reserve, first)?;
+                // A full buffer budget waits here (a blocking writer's thread, or the pool's).
+                // An error leaves the recorded file to the writer's failure.
+                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN, off_thread);
+                Ok(Done::Rotated(opened, buf.map_err(short_error)?))
+            }
+            Step::Grow {
+                file,
+                direct,
+                preallocate,
+                target,
+            } => Ok(Done::Grown {
+                target,
+                r: allocate_step(file.as_fd(), direct, preallocate, target),
+            }),
+            Step::Map(m) => Ok(Done::Mapped(m.map(off_thread))),
+            Step::Reopen { rotor, entry } => {
+                let (fd, permit) = rotor.reopen(entry)?;
+                Ok(Done::Reopened(fd, permit))
+            }
+            Step::Submit { core, lane, op } => {
+                core.io.submit(lane, op);
+                Ok(Done::Submitted)
+            }
+        }
+    }
+}
+
+impl SpillWriter {
+    /// Runs `step`: here for a blocking call, and applies its result; on the offload pool for
+    /// an async one, `Pending` until it ends (the next poll applies it first: `resume`).
+    pub(super) fn run_step(&mut self, step: Step, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        match wait {
+            Wait::Block => Poll::Ready(step.run(false).and_then(|d| self.apply(d))),
+            Wait::Async(cx) => {
+                self.running = Some(self.core.io.offload().run(move || step.run(true)));
+                self.resume(cx)
+            }
+        }
+    }
+
+    /// An async call's poll, first: the step running on the offload pool, if any. `Pending`
+    /// while it runs; its result applied once it ended.
+    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let Some(job) = self.running.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let done = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
+        self.running = None;
+        Poll::Ready(done.and_then(|d| self.apply(d)))
+    }
+
+    /// Makes what a step did part of the writer.
+    fn apply(&mut self, done: Done) -> Result<()> {
+        match done {
+            Done::Rotated(opened, buf) => {
+                self.start_segment(opened, buf);
+                Ok(())
+            }
+            Done::Grown { target, r } => {
+                let Some(seg) = self.seg.as_mut() else {
+                    return Ok(());
+                };
+                match r {
+                    // `Ok(0)`: the filesystem cannot (it could the first step), and the writes
+                    // extend the file; counted as allocated all the same, so the step is not
+                    // tried again for these bytes (`finish` truncates to the written length).
+                    Ok(_) => {
+                        seg.allocated = target;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let f = self.shared.files.lock();
+                        let path = f
+                            .entries
+                            .get(seg.entry_index)
+                            .map(SegmentEntry::path)
+                            .unwrap_or_default();
+                        Err(SpillError::io("preallocate", path, e))
+                    }
+                }
+            }
+            Done::Mapped(r) => {
+                self.staging = Some(r.map_err(|e| short_error(Short::Io(e)))?);
+                Ok(())
+            }
+            Done::Reopened(fd, permit) => {
+                if let Some(seg) = self.seg.as_ref() {
+                    seg.file.fill(fd, permit, self.core.io.reaper().clone());
+                }
+                Ok(())
+            }
+            Done::Submitted => Ok(()),
+        }
+    }
+
+    /// The open segment's fd for a write op: the cached one (the hot path: no syscall), or
+    /// the segment reopened first (a step). A refusal here may come with part of a record
+    /// already staged, so it fails the writer (its files are deleted) rather than leave it
+    /// usable.
+    pub(super) fn poll_file(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<Arc<FileHandle>>> {
+        loop {
+            if let Some(f) = self.seg.as_ref().and_then(|s| s.file.get()) {
+                return Poll::Ready(Ok(f));
+            }
+            match self.poll_reopened(wait) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e @ SpillError::TooManyOpenFiles { .. })) => {
+                    return Poll::Ready(Err(self.fail(e)));
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Reopens the open segment, whose fd the bound closed (a step).
+    pub(super) fn poll_reopened(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let Some(seg) = self.seg.as_ref() else {
+            return Poll::Ready(Err(SpillError::WriterFailed));
+        };
+        let step = Step::Reopen {
+            rotor: self.rotor(),
+            entry: seg.entry_index,
+        };
+        self.run_step(step, wait)
+    }
+
+    /// Queues `op` on the writer's lane, counted in flight. An async writer that finds the
+    /// lane's channel full waits for room on the offload pool (a step), not in its poll.
+    pub(super) fn submit(&mut self, op: Op, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        self.shared.tracker.st.lock().inflight += 1;
+        let op = match wait {
+            Wait::Block => op,
+            Wait::Async(_) => match self.core.io.try_submit(self.lane, op) {
+                Ok(()) => return Poll::Ready(Ok(())),
+                Err(op) => op,
+            },
+        };
+        let step = Step::Submit {
+            core: self.core.clone(),
+            lane: self.lane,
+            op,
+        };
+        self.run_step(step, wait)
+    }
+}
+
+impl Rotor {
+    /// The `Reopen` step: the open segment (index `entry` in the file list) reopened under a
+    /// new permit of the fd bound (waiting at the bound).
+    fn reopen(&self, entry: usize) -> Result<(OwnedFd, FdPermit)> {
+        if self.shared.files.is_aborted() {
+            return Err(SpillError::Aborted);
+        }
+        let found = {
+            let f = self.shared.files.lock();
+            f.entries.get(entry).map(|e| (e.dir.clone(), e.seg))
+        };
+        let Some((task_dir, num)) = found else {
+            // The list was taken: by the cancel (then `Aborted`), or the writer failed.
+            return Err(if self.shared.files.is_aborted() {
+                SpillError::Aborted
+            } else {
+                SpillError::WriterFailed
+            });
+        };
+        let task_plan = self.task.fault_plan();
+        let _ = fault::check2(
+            task_plan.as_ref(),
+            &self.core.fault,
+            FaultPoint::WriterReopen,
+        );
+        let fds = self.core.io.fds();
+        let permit = fds.permit();
+        let name = SegmentFileName::new(num);
+        let direct = self.direct;
+        let opened =
+            fds.open_with(|| dir::reopen_segment_at(task_dir.as_fd(), name.as_cstr(), direct));
+        match opened {
+            Ok(fd) => Ok((fd, permit)),
+            // The cancel deleted it between the check above and the open.
+            Err(_) if self.shared.files.is_aborted() => Err(SpillError::Aborted),
+            Err(e) => Err(SpillError::io(
+                "reopen",
+                task_dir.path.join(name.as_str()),
+                e,
+            )),
+        }
+    }
+}
