@@ -123,7 +123,7 @@ fn header_fields(codec: u8, stored: u64, raw: u64, records: u32, pad: u32) -> [u
 
 /// A block header being built; the stored bytes are fed in pieces (a large record's frame and
 /// payload), then [`BlockSeal::finish`] gives the header.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct BlockSeal {
     fields: [u8; 48],
     crc: u32,

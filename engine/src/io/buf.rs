@@ -189,6 +189,15 @@ pub(crate) enum Short {
     Io(io::Error),
 }
 
+/// Why [`BufferPool::get_blocking`], which waits for a buffer in flight, gave none.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The budget is full and nothing is in flight: every buffer is held by an open writer.
+    Exhausted { budget: usize, held: usize },
+    /// Mapping failed.
+    Io(io::Error),
+}
+
 /// What [`BufferPool::try_take`] found. A value that lives for one call: boxing the buffer
 /// would allocate on every take of a free buffer, the hot path's.
 #[allow(clippy::large_enum_variant)]
@@ -524,13 +533,16 @@ impl BufferPool {
         self: &Arc<Self>,
         at_least: usize,
         populate: bool,
-    ) -> Result<IoBuf, Short> {
+    ) -> Result<IoBuf, Refused> {
         loop {
             match self.try_take(at_least) {
                 Err(Short::Wait { epoch }) => self.wait_returned(epoch),
                 Ok(Take::Free(b)) => return Ok(b),
-                Ok(Take::Map(m)) => return m.map(populate).map_err(Short::Io),
-                Err(e) => return Err(e),
+                Ok(Take::Map(m)) => return m.map(populate).map_err(Refused::Io),
+                Err(Short::Exhausted { budget, held }) => {
+                    return Err(Refused::Exhausted { budget, held });
+                }
+                Err(Short::Io(e)) => return Err(Refused::Io(e)),
             }
         }
     }

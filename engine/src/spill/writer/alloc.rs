@@ -4,14 +4,11 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::task::Poll;
 
+use super::SpillWriter;
 use super::hook::WriterShared;
-use super::step::Step;
-use super::{SpillWriter, Wait};
 use crate::config::DIRECT_ALIGN;
 use crate::core::Core;
-use crate::error::Result;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::store::dir::{self};
 
@@ -70,47 +67,6 @@ pub(super) fn allocate_step(
         false
     };
     Ok(if done { len } else { 0 })
-}
-
-impl SpillWriter {
-    /// Makes sure the open segment is allocated up to `end` before a write reaches it (direct
-    /// mode, `preallocate`; nothing otherwise, or if the filesystem could not allocate its
-    /// first step). Segments are allocated in steps, not whole: the first step at rotation
-    /// ([`first_step`]: 1 MiB or the first record), then doubling up to the segment's
-    /// reservation (its ticket holds the whole segment all along, so a step never needs a
-    /// ticket and the quota counts a segment's full size from its creation). A blocking
-    /// writer allocates on its own thread; an async one on the offload pool (the `_async`
-    /// rule), `Pending` until it is done. A failed step fails the write (`StorageFull` on
-    /// ENOSPC).
-    ///
-    /// `last` (the segment's last write, at a seal): only up to `end`, since nothing follows.
-    pub(super) fn poll_allocated(
-        &mut self,
-        end: u64,
-        last: bool,
-        wait: &mut Wait<'_, '_>,
-    ) -> Poll<Result<()>> {
-        let (direct, prealloc) = (self.direct, self.core.cfg.preallocate);
-        let Some(seg) = self.seg.as_ref() else {
-            return Poll::Ready(Ok(()));
-        };
-        if seg.allocated == 0 || end <= seg.allocated {
-            return Poll::Ready(Ok(()));
-        }
-        let target = if last {
-            end.next_multiple_of(DIRECT_ALIGN as u64)
-        } else {
-            next_step(seg.allocated, end, seg.reserved)
-        };
-        let file = ready_ok!(self.poll_file(wait));
-        let step = Step::Grow {
-            file,
-            direct,
-            preallocate: prealloc,
-            target,
-        };
-        self.run_step(step, wait)
-    }
 }
 
 /// What a segment of `len` written bytes keeps on disk after its trim: whole 4 KiB blocks

@@ -15,7 +15,7 @@ use crate::config::Compression;
 use crate::format::block::{self, Codec};
 
 /// Samples `Auto` compresses to choose a codec.
-pub(super) const AUTO_SAMPLE: usize = 64 << 10;
+const AUTO_SAMPLE: usize = 64 << 10;
 /// Blocks a chosen codec is kept for before the next trial.
 const AUTO_KEEP: u32 = 8;
 /// The longest back-off (in blocks) on incompressible data.
@@ -231,6 +231,51 @@ impl CodecState {
         }
     }
 
+    /// The codec for a block of `raw` bytes, and the nanoseconds its choice took: fixed, or
+    /// `Auto`'s (a trial on a sample). `quota_fill`: bytes the ledger holds over
+    /// `max_spill_bytes` (0 without a quota); with `root_fill`, `Auto`'s space pressure.
+    pub(super) fn pick(&mut self, raw: &[u8], quota_fill: f64) -> (Codec, u64) {
+        match self.mode {
+            Compression::None => (Codec::Raw, 0),
+            Compression::Lz4 => (Codec::Lz4, 0),
+            Compression::Zstd { level } => (Codec::Zstd(level), 0),
+            Compression::Auto => {
+                let level = self.auto.set_space(quota_fill.max(self.root_fill));
+                if let Some(c) = self.auto.next_block() {
+                    return (c, 0);
+                }
+                let t0 = Instant::now();
+                let sample = &raw[..raw.len().min(AUTO_SAMPLE)];
+                self.scratch.resize(sample.len(), 0);
+                let lz4 = trial(Codec::Lz4, sample, &mut self.scratch);
+                let zstd = if lz4.is_some() {
+                    trial(Codec::Zstd(1), sample, &mut self.scratch)
+                } else {
+                    None
+                };
+                let zstd3 = if level >= 2 && zstd.is_some() {
+                    trial(Codec::Zstd(3), sample, &mut self.scratch)
+                } else {
+                    None
+                };
+                let c = if level >= 1 {
+                    self.auto.choose_for_space(sample.len(), lz4, zstd, zstd3)
+                } else {
+                    self.auto.choose(sample.len(), lz4, zstd, self.cost())
+                };
+                (c, t0.elapsed().as_nanos() as u64)
+            }
+        }
+    }
+
+    /// The codec chosen for a block did not shrink it: it is stored raw (and `Auto` tries
+    /// again further off).
+    pub(super) fn shrank_nothing(&mut self) {
+        if matches!(self.mode, Compression::Auto) {
+            self.auto.failed();
+        }
+    }
+
     /// Counts time the writer spent waiting for its writes in flight.
     pub(super) fn waited(&mut self, since: Instant) {
         self.waited_ns += since.elapsed().as_nanos() as u64;
@@ -238,7 +283,7 @@ impl CodecState {
 }
 
 /// Compresses a sample with `codec`, timed: `None` if it does not shrink.
-pub(super) fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)> {
+fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)> {
     let t = Instant::now();
     let n = block::compress(codec, sample, scratch)?;
     Some((n, t.elapsed().as_nanos() as u64))

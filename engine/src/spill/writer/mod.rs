@@ -9,11 +9,15 @@
 //! and the writer's check under the file-list lock after every file creation give every file
 //! exactly one deleter.
 //!
-//! The parts: `hook.rs` (what other threads touch: the file list and its abort protocol, the
-//! abort hook, in-flight accounting), `place.rs` (records into the staging buffer or vectored
-//! writes, flushes, in-flight waits, seals), `rotate.rs` (opening the next segment, trimming
-//! at `finish`), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut into
-//! records: `append`, `std::io::Write`).
+//! The parts: `block.rs` (the block builder: the staging buffer, framing, seals; no I/O),
+//! `sink.rs` (the segment sink: the open segment, buffers taken and written, writes in flight
+//! waited for, a segment sealed), `step.rs` (the steps that may block, as one enum, and the
+//! one helper that runs them: inline for a blocking call, on the offload pool for an async
+//! one), `place.rs` (one record through them), `hook.rs` (what other threads touch: the file
+//! list and its abort protocol, the abort hook, in-flight accounting), `rotate.rs` (opening
+//! the next segment), `alloc.rs` (allocation steps, the trim at `finish`), `codec.rs`
+//! (`Auto`'s policy), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut
+//! into records: `append`, `std::io::Write`).
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -28,7 +32,6 @@ use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
 use crate::format::segment::MAX_RECORD;
-use crate::io::IoBuf;
 use crate::metrics::Counters;
 use crate::spill::state::SpilledState;
 use crate::spill::task::TaskShared;
@@ -45,26 +48,29 @@ macro_rules! ready_ok {
 }
 
 mod alloc;
+mod block;
 mod codec;
-mod flush;
 mod hook;
 mod place;
 mod rotate;
-mod seal;
+mod sink;
 mod slot;
 mod step;
 mod stream;
 
 pub use slot::RecordSlot;
 
-use alloc::trim_allocations;
+use block::Blocks;
 use hook::WriterShared;
 use place::Placing;
-use rotate::OpenSegment;
+use sink::OpenSegment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
     Open,
+    /// An async call is under way: `write_async` (a record may be half placed), or a step on
+    /// the offload pool (`step.rs`). A future dropped then leaves the writer so.
+    Busy,
     /// An error other than an abort failed it (the error was returned then).
     Failed,
     /// Its scope closed it and deleted its files (`Aborted` was returned).
@@ -72,6 +78,13 @@ enum Life {
     /// A `write_async` future was dropped half way (`WriteFutureDropped` was returned).
     Poisoned,
     Finished,
+}
+
+impl Life {
+    /// Open to calls (a `Busy` writer is failed by the next one).
+    fn is_live(self) -> bool {
+        matches!(self, Life::Open | Life::Busy)
+    }
 }
 
 /// Stage 1 of a spill: writes records into rotating segment files. See the module docs.
@@ -102,52 +115,64 @@ enum Life {
 /// # Ok(()) }
 /// ```
 pub struct SpillWriter {
-    task: Arc<TaskShared>,
-    core: Arc<Core>,
-    shared: Arc<WriterShared>,
-    hook_id: u64,
-    lane: usize,
+    /// What the writer holds of the engine, its scope and its configuration.
+    ctx: Ctx,
+    /// The block builder: the staging buffer and the codec (`block.rs`; no I/O).
+    blocks: Blocks,
+    /// The segment sink: the segment being written, if one is open (`sink.rs`).
     seg: Option<OpenSegment>,
-    staging: Option<IoBuf>,
-    placing: Option<Placing>,
-    /// An async call's step running on the offload pool (`step.rs`).
-    running: Option<step::Running>,
     life: Life,
-    segment_size: u64,
-    direct: bool,
-    /// Records accepted so far, and their payload bytes (frames excluded).
-    records: u64,
-    bytes_written: u64,
-    large: usize,
-    queue_depth: usize,
+    counts: Counts,
     /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
     span: tracing::Span,
-    /// Format v2: the block codec and `Auto`'s state (`place.rs`).
-    codec: codec::CodecState,
-    /// Failed with `StorageFull`: the delete mark its error waits for (`settle`).
-    freeing: Option<u64>,
+}
+
+/// What a writer holds of the engine, its scope and its configuration: also what a step
+/// running on the offload pool needs of it (shared handles only: cloned into the step).
+#[derive(Clone)]
+struct Ctx {
+    core: Arc<Core>,
+    task: Arc<TaskShared>,
+    shared: Arc<WriterShared>,
+    /// The writer's id in its scope's registry.
+    hook_id: u64,
+    lane: usize,
+    direct: bool,
+    segment_size: u64,
+    large: usize,
+    queue_depth: usize,
+}
+
+/// Records accepted so far, and their payload bytes (frames excluded).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    records: u64,
+    bytes: u64,
 }
 
 impl std::fmt::Debug for SpillWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpillWriter")
-            .field("task", &self.task.id)
+            .field("task", &self.ctx.task.id)
             .field("life", &self.life)
             .finish()
     }
 }
 
-/// How a step waits for a free in-flight slot.
+/// How a call waits: a blocking call on its own thread; an async one by returning `Pending`,
+/// the step it runs on the offload pool (`step.rs`) kept with its future.
 enum Wait<'a, 'b> {
     Block,
-    Async(&'a mut Context<'b>),
+    Async(&'a mut Context<'b>, &'a mut Option<step::Running>),
 }
 
-/// The result of a poll made with [`Wait::Block`], which never returns `Pending`.
-fn blocking<T>(p: Poll<Result<T>>) -> Result<T> {
-    match p {
-        Poll::Ready(r) => r,
-        Poll::Pending => Err(SpillError::WriterFailed),
+/// Runs a poll with [`Wait::Block`] to its end. Such a poll blocks where an async one would
+/// return `Pending`, so the loop turns once.
+fn drive<T>(mut poll: impl FnMut(&mut Wait<'_, '_>) -> Poll<Result<T>>) -> Result<T> {
+    loop {
+        if let Poll::Ready(r) = poll(&mut Wait::Block) {
+            return r;
+        }
     }
 }
 
@@ -164,24 +189,21 @@ impl SpillWriter {
             segments = 0u64, records = 0u64, bytes = 0u64, outcome = tracing::field::Empty);
         Ok(SpillWriter {
             span,
-            segment_size: cfg.segment_size,
-            records: 0,
-            bytes_written: 0,
-            direct: cfg.mode == WriteMode::Direct,
-            large: cfg.large_record_threshold,
-            queue_depth: cfg.queue_depth,
-            codec: codec::CodecState::new(cfg.compression),
-            task,
-            shared,
-            hook_id,
-            lane,
+            blocks: Blocks::new(cfg.compression),
+            ctx: Ctx {
+                segment_size: cfg.segment_size,
+                direct: cfg.mode == WriteMode::Direct,
+                large: cfg.large_record_threshold,
+                queue_depth: cfg.queue_depth,
+                task,
+                shared,
+                hook_id,
+                lane,
+                core,
+            },
+            counts: Counts::default(),
             seg: None,
-            staging: None,
-            placing: None,
-            running: None,
             life: Life::Open,
-            freeing: None,
-            core,
         })
     }
 
@@ -195,25 +217,25 @@ impl SpillWriter {
     pub fn write(&mut self, record: Bytes) -> Result<()> {
         let started = Instant::now();
         let r = self.write_untimed(record);
-        self.core.counters.latency.write.record_since(started);
+        self.ctx.core.counters.latency.write.record_since(started);
         r
     }
 
     fn write_untimed(&mut self, record: Bytes) -> Result<()> {
-        self.begin(record)?;
-        let r = self.step(&mut Wait::Block);
-        self.settle(blocking(r))
+        let mut p = self.begin(record)?;
+        let r = drive(|w| self.place(&mut p, w));
+        self.settle(r)
     }
 
     /// Copies `record` and queues it, like [`SpillWriter::write`], for callers holding a slice.
     /// Small records are copied once, straight into a staging buffer.
     pub fn write_slice(&mut self, record: &[u8]) -> Result<()> {
-        if !self.direct && record.len() >= self.large {
+        if !self.ctx.direct && record.len() >= self.ctx.large {
             return self.write(Bytes::copy_from_slice(record));
         }
         let started = Instant::now();
         let r = self.write_slice_untimed(record);
-        self.core.counters.latency.write.record_since(started);
+        self.ctx.core.counters.latency.write.record_since(started);
         r
     }
 
@@ -229,10 +251,12 @@ impl SpillWriter {
     /// fails (and deletes its files) on its next use, since a record may be half placed.
     pub async fn write_async(&mut self, record: Bytes) -> Result<()> {
         let started = Instant::now();
-        self.begin(record)?;
-        let r = poll_fn(|cx| self.step(&mut Wait::Async(cx))).await;
+        let mut p = self.begin(record)?;
+        // A future dropped from here on leaves the writer `Busy`: its next call fails it.
+        self.life = Life::Busy;
+        let r = self.run_async(|w, wait| w.place(&mut p, wait)).await;
         let r = self.settle_async(r).await;
-        self.core.counters.latency.write.record_since(started);
+        self.ctx.core.counters.latency.write.record_since(started);
         r
     }
 
@@ -242,16 +266,15 @@ impl SpillWriter {
     pub fn finish(mut self) -> Result<SpilledState> {
         self.check_open()?;
         let started = Instant::now();
-        let core = self.core.clone();
+        let core = self.ctx.core.clone();
         let r = self.finish_sealed();
         core.counters.latency.finish.record_since(started);
         r
     }
 
     fn finish_sealed(mut self) -> Result<SpilledState> {
-        let r = blocking(self.seal_with(&mut Wait::Block, true)).and_then(|()| self.wait_drained());
+        let r = drive(|w| self.poll_finished(w, &mut false));
         self.settle(r)?;
-        trim_allocations(&self.core, &self.shared, self.direct);
         self.hand_off()
     }
 
@@ -260,48 +283,68 @@ impl SpillWriter {
     pub async fn finish_async(mut self) -> Result<SpilledState> {
         self.check_open()?;
         let started = Instant::now();
-        let core = self.core.clone();
+        let core = self.ctx.core.clone();
         let r = self.finish_async_sealed().await;
         core.counters.latency.finish.record_since(started);
         r
     }
 
     async fn finish_async_sealed(mut self) -> Result<SpilledState> {
+        let mut trimmed = false;
+        let r = self
+            .run_async(|w, wait| w.poll_finished(wait, &mut trimmed))
+            .await;
+        self.settle_async(r).await?;
+        self.hand_off()
+    }
+
+    /// `finish`'s work: the last segment sealed, every write of the writer completed, then the
+    /// preallocated tails given back (a step, taken once: `trimmed`).
+    fn poll_finished(&mut self, wait: &mut Wait<'_, '_>, trimmed: &mut bool) -> Poll<Result<()>> {
+        ready_ok!(self.seal_with(wait, true));
+        ready_ok!(self.poll_drained(wait));
+        if std::mem::replace(trimmed, true) || !alloc::needs_trim(&self.ctx.shared) {
+            return Poll::Ready(Ok(()));
+        }
+        self.run_step(step::Step::Trim(self.ctx.clone()), wait)
+    }
+
+    /// Polls `f` to its end as an async call: with the call's step slot, the step (if any)
+    /// resumed first on every poll. A step running marks the writer `Busy` (so does
+    /// `write_async` for its whole call): a future dropped then leaves it so, and the next
+    /// call fails it (`WriteFutureDropped`). Back to `Open` when the call ends.
+    async fn run_async<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Self, &mut Wait<'_, '_>) -> Poll<Result<T>>,
+    ) -> Result<T> {
+        let mut step = None;
         let r = poll_fn(|cx| {
-            ready_ok!(self.resume(cx));
-            let mut w = Wait::Async(cx);
-            ready_ok!(self.seal_with(&mut w, true));
-            self.poll_drained(&mut w)
+            let mut wait = Wait::Async(cx, &mut step);
+            ready_ok!(self.resume(&mut wait));
+            f(self, &mut wait)
         })
         .await;
-        self.settle_async(r).await?;
-        if alloc::needs_trim(&self.shared) {
-            let (core, shared, direct) = (self.core.clone(), self.shared.clone(), self.direct);
-            let mut job = self
-                .core
-                .io
-                .offload()
-                .run(move || trim_allocations(&core, &shared, direct));
-            poll_fn(|cx| job.poll(cx)).await;
+        if self.life == Life::Busy {
+            self.life = Life::Open;
         }
-        self.hand_off()
+        r
     }
 
     /// Segment files this writer has created so far.
     pub fn segments(&self) -> usize {
-        self.shared.files.lock().entries.len()
+        self.ctx.shared.files.lock().entries.len()
     }
 
     /// Records this writer accepted so far (`write`, `write_slice`, committed slots). After
     /// an error from [`SpillWriter::write_all`], the records that went in before it.
     pub fn records(&self) -> u64 {
-        self.records
+        self.counts.records
     }
 
     /// Payload bytes of the records this writer accepted so far (framing and segment headers
     /// excluded: [`SpilledState::bytes`] counts the files).
     pub fn bytes_written(&self) -> u64 {
-        self.bytes_written
+        self.counts.bytes
     }
 
     /// Queues every record of `records` in order, like [`SpillWriter::write`] for each (so it
@@ -334,12 +377,12 @@ impl SpillWriter {
     /// The error for a call on a writer that is no longer open. On a cancelled scope every
     /// call says `Aborted`, whatever ended the writer first.
     fn ended_error(&self) -> SpillError {
-        if self.task.is_cancelled() {
+        if self.ctx.task.is_cancelled() {
             return SpillError::Aborted;
         }
         match self.life {
             Life::Aborted => SpillError::Aborted,
-            Life::Poisoned => SpillError::WriteFutureDropped,
+            Life::Poisoned | Life::Busy => SpillError::WriteFutureDropped,
             Life::Open | Life::Failed | Life::Finished => SpillError::WriterFailed,
         }
     }
@@ -348,23 +391,21 @@ impl SpillWriter {
     /// every call but `append` places something after it, or seals it.
     fn check_open(&mut self) -> Result<()> {
         self.check_live()?;
-        if let Some(b) = self.staging.as_mut() {
-            b.end_open_record();
-        }
+        self.blocks.end_stream_record();
         Ok(())
     }
 
     fn check_live(&mut self) -> Result<()> {
-        if self.life != Life::Open {
+        if !self.life.is_live() {
             return Err(self.ended_error());
         }
-        if self.shared.files.is_aborted() {
+        if self.ctx.shared.files.is_aborted() {
             return Err(self.observe_abort());
         }
-        if self.placing.is_some() || self.running.is_some() {
+        if self.life == Life::Busy {
             // A write_async future was dropped half way: the stream may hold a torn record.
-            // (Or an async call was dropped while its rotation ran on the offload pool: the
-            // segment it records is not this writer's open one.)
+            // (Or an async call was dropped while its step ran on the offload pool: the
+            // segment a rotation records is not this writer's open one.)
             let e = self.fail(SpillError::WriteFutureDropped);
             self.life = Life::Poisoned;
             return Err(e);
@@ -372,30 +413,30 @@ impl SpillWriter {
         Ok(())
     }
 
-    fn begin(&mut self, rec: Bytes) -> Result<()> {
+    fn begin(&mut self, rec: Bytes) -> Result<Placing> {
         self.check_open()?;
         check_len(rec.len())?;
-        let vectored = !self.direct && rec.len() >= self.large;
-        self.placing = Some(Placing::new(rec, vectored));
-        Ok(())
+        let vectored = !self.ctx.direct && rec.len() >= self.ctx.large;
+        Ok(Placing::new(rec, vectored))
     }
 
     /// [`SpillWriter::route`]; after a `StorageFull` failure, waits (bounded) until the
     /// writer's files are deleted and closed, so their space is back when the error returns.
     fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
-        let r = self.route(r);
-        if let Some(mark) = self.freeing.take() {
-            crate::cleanup::wait_freed(&self.core, mark);
+        let (r, freeing) = self.route(r);
+        if let Some(mark) = freeing {
+            crate::cleanup::wait_freed(&self.ctx.core, mark);
         }
         r
     }
 
-    /// [`SpillWriter::settle`] for an async call: the wait runs on the offload pool.
+    /// [`SpillWriter::settle`] for an async call: the wait runs on the offload pool. It is not
+    /// a writer step (`step.rs`): the writer has failed, and nothing comes back to apply.
     async fn settle_async<T>(&mut self, r: Result<T>) -> Result<T> {
-        let r = self.route(r);
-        if let Some(mark) = self.freeing.take() {
-            let core = self.core.clone();
-            let mut job = self.core.io.offload().run(move || {
+        let (r, freeing) = self.route(r);
+        if let Some(mark) = freeing {
+            let core = self.ctx.core.clone();
+            let mut job = self.ctx.core.io.offload().run(move || {
                 crate::cleanup::wait_freed(&core, mark);
             });
             poll_fn(|cx| job.poll(cx)).await;
@@ -405,21 +446,24 @@ impl SpillWriter {
 
     /// Routes an error: admission refusals leave the writer open; an abort is observed; any
     /// other error fails the writer and deletes its files. The first error is what the caller
-    /// gets.
-    fn route<T>(&mut self, r: Result<T>) -> Result<T> {
+    /// gets; with it, after a `StorageFull` failure, the delete mark its deletes complete at.
+    fn route<T>(&mut self, r: Result<T>) -> (Result<T>, Option<u64>) {
         match r {
-            Ok(v) => Ok(v),
+            Ok(v) => (Ok(v), None),
             Err(
                 e @ (SpillError::LedgerFull { .. }
                 | SpillError::QuotaExceeded { .. }
                 | SpillError::RecordTooLarge { .. }
                 | SpillError::TooManyOpenFiles { .. }),
-            ) => {
-                self.placing = None;
-                Err(self.explain_admission(e))
+            ) => (Err(self.explain_admission(e)), None),
+            Err(SpillError::Aborted) => (Err(self.observe_abort()), None),
+            Err(e) => {
+                let full = e.is_storage_full();
+                let e = self.fail(e);
+                // Taken after `fail` queued the deletes: the mark covers them.
+                let mark = full.then(|| crate::cleanup::delete_mark(&self.ctx.core));
+                (Err(e), mark)
             }
-            Err(SpillError::Aborted) => Err(self.observe_abort()),
-            Err(e) => Err(self.fail(e)),
         }
     }
 
@@ -445,6 +489,7 @@ impl SpillWriter {
                 limit, requested, ..
             } => {
                 let held = self
+                    .ctx
                     .shared
                     .files
                     .lock()
@@ -469,35 +514,36 @@ impl SpillWriter {
 
     /// Hands the files to a new `SpilledState` registered in this writer's place.
     fn hand_off(mut self) -> Result<SpilledState> {
-        let Some(entries) = self.shared.files.take_for_hand_off() else {
+        let Some(entries) = self.ctx.shared.files.take_for_hand_off() else {
             return Err(self.observe_abort());
         };
         self.span.record("segments", entries.len() as u64);
         self.life = Life::Finished;
-        let task_plan = self.task.fault_plan();
+        let task_plan = self.ctx.task.fault_plan();
         let _ = fault::check2(
             task_plan.as_ref(),
-            &self.core.fault,
+            &self.ctx.core.fault,
             FaultPoint::WriterHandOff,
         );
-        let counts = (self.records, self.bytes_written);
-        let r = SpilledState::register(self.task.clone(), self.lane, entries, counts, |m| {
-            self.task.replace(self.hook_id, m)
-        });
+        let counts = (self.counts.records, self.counts.bytes);
+        let r =
+            SpilledState::register(self.ctx.task.clone(), self.ctx.lane, entries, counts, |m| {
+                self.ctx.task.replace(self.ctx.hook_id, m)
+            });
         if r.is_err() {
-            Counters::add(&self.core.counters.aborts_observed, 1);
+            Counters::add(&self.ctx.core.counters.aborts_observed, 1);
         }
         r
     }
 
     /// The scope was closed: the hook deleted the files. Drop what this writer holds.
     fn observe_abort(&mut self) -> SpillError {
-        if self.life == Life::Open {
-            Counters::add(&self.core.counters.aborts_observed, 1);
+        if self.life.is_live() {
+            Counters::add(&self.ctx.core.counters.aborts_observed, 1);
         }
         self.life = Life::Aborted;
         self.release_io();
-        self.task.unregister(self.hook_id);
+        self.ctx.task.unregister(self.ctx.hook_id);
         SpillError::Aborted
     }
 
@@ -508,24 +554,19 @@ impl SpillWriter {
         self.life = Life::Failed;
         self.release_io();
         self.delete_own_files();
-        if err.is_storage_full() {
-            self.freeing = Some(crate::cleanup::delete_mark(&self.core));
-        }
-        self.task.unregister(self.hook_id);
+        self.ctx.task.unregister(self.ctx.hook_id);
         err
     }
 
     fn delete_own_files(&self) {
-        let Some(entries) = self.shared.files.take_own() else {
+        let Some(entries) = self.ctx.shared.files.take_own() else {
             return;
         };
-        delete_segments(&self.core, self.lane, entries);
+        delete_segments(&self.ctx.core, self.ctx.lane, entries);
     }
 
     fn release_io(&mut self) {
-        self.placing = None;
-        self.running = None;
-        self.staging = None;
+        self.blocks.staging = None;
         self.seg = None;
     }
 }
@@ -542,28 +583,27 @@ fn check_len(len: usize) -> Result<()> {
 
 impl Drop for SpillWriter {
     fn drop(&mut self) {
-        if self.life == Life::Open {
+        if self.life.is_live() {
             // Abandoned: delete everything it created. In-flight writes own their buffers and
             // files and finish on their own.
             self.life = Life::Failed;
             self.release_io();
             self.delete_own_files();
-            self.task.unregister(self.hook_id);
+            self.ctx.task.unregister(self.ctx.hook_id);
         }
         if !self.span.is_disabled() {
             let outcome = match self.life {
                 Life::Finished => "finished",
                 Life::Aborted => "aborted",
-                _ if self.task.is_cancelled() => "aborted",
+                _ if self.ctx.task.is_cancelled() => "aborted",
                 _ => "failed",
             };
-            self.span.record("records", self.records);
-            self.span.record("bytes", self.bytes_written);
+            self.span.record("records", self.counts.records);
+            self.span.record("bytes", self.counts.bytes);
             self.span.record("outcome", outcome);
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
         self.seg = None;
-        self.running = None;
-        WriterShared::shelve(&mut self.shared);
+        WriterShared::shelve(&mut self.ctx.shared);
     }
 }

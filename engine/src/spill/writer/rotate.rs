@@ -8,43 +8,20 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use super::alloc::allocate_step;
-use super::hook::WriterShared;
+use super::sink::OpenSegment;
 use super::step::Step;
-use super::{SpillWriter, Wait};
+use super::{Ctx, SpillWriter, Wait};
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
-use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint, Injected};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf, SharedMap};
 use crate::metrics::Counters;
-use crate::spill::task::TaskShared;
 use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
 use crate::sys::errno;
-
-/// The segment being written.
-pub(super) struct OpenSegment {
-    pub(super) entry_index: usize,
-    /// Bytes allocated to the file so far (direct mode, `preallocate`; grown in steps, see
-    /// [`SpillWriter::poll_allocated`]), 0 if none.
-    pub(super) allocated: u64,
-    /// Bytes of quota the segment's ticket holds.
-    pub(super) reserved: u64,
-    /// The segment's fd, which the engine's fd bound may close while it is idle (reopened by
-    /// name for the next write: `reopen.rs`).
-    pub(super) file: CachedFile,
-    /// Bytes appended so far (header included): the next record's offset.
-    pub(super) logical: u64,
-    /// File offset of the staging buffer's first byte.
-    pub(super) staged_at: u64,
-    /// This use of the file (in its header and every block's checksum).
-    pub(super) generation: u32,
-    /// The segment's number (bound into every block's checksum).
-    pub(super) segment: u32,
-}
 
 /// A failed attempt to create a segment on one root.
 struct Failed {
@@ -101,19 +78,8 @@ struct Created {
 }
 
 impl SpillWriter {
-    /// What a rotation or a reopen needs of this writer, to run here or on an offload thread.
-    pub(super) fn rotor(&self) -> Rotor {
-        Rotor {
-            core: self.core.clone(),
-            task: self.task.clone(),
-            shared: self.shared.clone(),
-            lane: self.lane,
-            direct: self.direct,
-        }
-    }
-
     /// Opens the next segment with room for a first record of `need` bytes: a rotation (see
-    /// [`Rotor::open`]), a step (`step.rs`: on the offload pool for an async writer). If the
+    /// [`Ctx::open`]), a step (`step.rs`: on the offload pool for an async writer). If the
     /// future polling it is dropped meanwhile, the rotation still ends on the pool thread: a
     /// file it records is deleted by the writer's failure (the next use of a writer whose
     /// future was dropped) or, if the writer already gave up its files, is refused by the file
@@ -121,7 +87,7 @@ impl SpillWriter {
     pub(super) fn poll_rotated(&mut self, need: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         let reserve = self.segment_reserve(need);
         let step = Step::Rotate {
-            rotor: self.rotor(),
+            ctx: self.ctx.clone(),
             reserve,
             first: self.first_allocation(need, reserve),
         };
@@ -131,8 +97,8 @@ impl SpillWriter {
     /// Bytes a new segment's ticket holds: a whole segment, or more for a first record that
     /// passes the segment size; whole blocks in direct mode.
     fn segment_reserve(&self, need: u64) -> u64 {
-        let mut reserve = (HEADER_LEN as u64 + need).max(self.segment_size);
-        if self.direct {
+        let mut reserve = (HEADER_LEN as u64 + need).max(self.ctx.segment_size);
+        if self.ctx.direct {
             reserve = reserve.next_multiple_of(DIRECT_ALIGN as u64);
         }
         reserve
@@ -143,23 +109,24 @@ impl SpillWriter {
     pub(super) fn start_segment(&mut self, o: Opened, mut buf: IoBuf) {
         let file = match o.fd {
             SegFile::Opened(fd, permit) => {
-                self.core
+                self.ctx
+                    .core
                     .io
                     .fds()
-                    .install(fd, permit, self.core.io.reaper().clone())
+                    .install(fd, permit, self.ctx.core.io.reaper().clone())
             }
             SegFile::Kept(file, _in_use, _) => file,
         };
         buf.push(&segment::encode_header(
             o.seg,
-            self.core.id,
+            self.ctx.core.id,
             o.generation,
-            self.core.key_id(),
+            self.ctx.core.key_id(),
         ));
-        self.staging = Some(buf);
-        self.codec.root_fill = o.root_fill;
+        self.blocks.staging = Some(buf);
+        self.blocks.codec.root_fill = o.root_fill;
         if !self.span.is_disabled() {
-            let n = self.shared.files.lock().entries.len() as u64;
+            let n = self.ctx.shared.files.lock().entries.len() as u64;
             self.span.record("segments", n);
         }
         self.seg = Some(OpenSegment {
@@ -167,22 +134,12 @@ impl SpillWriter {
             allocated: o.allocated,
             reserved: o.reserve,
             file,
-            logical: HEADER_LEN as u64,
-            staged_at: 0,
+            written: 0,
             generation: o.generation,
             segment: o.seg,
+            engine: self.ctx.core.id,
         });
     }
-}
-
-/// What a rotation needs of its writer (shared handles only), so that it can run on an
-/// offload thread while the writer's future is parked.
-pub(super) struct Rotor {
-    pub(super) core: Arc<Core>,
-    pub(super) task: Arc<TaskShared>,
-    pub(super) shared: Arc<WriterShared>,
-    pub(super) lane: usize,
-    pub(super) direct: bool,
 }
 
 /// A segment created (or reused), allocated and recorded in the file list: ready to write.
@@ -199,7 +156,7 @@ pub(super) struct Opened {
     root_fill: f64,
 }
 
-impl Rotor {
+impl Ctx {
     /// Creates the next segment: ticket first, then the file, then the abort check under the
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.

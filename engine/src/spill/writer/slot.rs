@@ -1,12 +1,11 @@
 //! Records filled in place: [`RecordSlot`] and [`SpillWriter::record`].
 
-use std::future::poll_fn;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use super::{SpillWriter, Wait, blocking, check_len};
+use super::{SpillWriter, Wait, check_len, drive};
 use crate::error::{Result, SpillError};
-use crate::format::block::{self, BLOCK_HEADER_LEN};
+use crate::format::block::BLOCK_HEADER_LEN;
 use crate::format::segment::{self, FRAME_LEN};
 use crate::io::{Short, Take};
 
@@ -56,23 +55,16 @@ impl RecordSlot<'_> {
             SlotKind::Owned(b) => w.write(b.freeze()),
             SlotKind::InPlace { at, len, took } => {
                 let started = Instant::now();
-                if w.shared.files.is_aborted() {
+                if w.ctx.shared.files.is_aborted() {
                     return Err(w.observe_abort());
                 }
-                let Some(buf) = w.staging.as_mut() else {
+                // The slot borrows the writer from its making: its buffer is still there.
+                if !w.blocks.commit_slot(at, len) {
                     return Err(w.fail(SpillError::WriterFailed));
-                };
-                let space = buf.space();
-                space[at..at + FRAME_LEN].copy_from_slice(&block::record_frame(len));
-                buf.len = at + FRAME_LEN + len;
-                if let Some(b) = buf.block.as_mut() {
-                    b.records += 1;
-                }
-                if let Some(s) = w.seg.as_mut() {
-                    s.logical += segment::framed_len(len);
                 }
                 w.count_record(len);
-                w.core
+                w.ctx
+                    .core
                     .counters
                     .latency
                     .write
@@ -99,7 +91,7 @@ impl std::ops::Deref for RecordSlot<'_> {
     fn deref(&self) -> &[u8] {
         match &self.kind {
             SlotKind::Owned(b) => b,
-            SlotKind::InPlace { at, len, .. } => match self.w.staging.as_ref() {
+            SlotKind::InPlace { at, len, .. } => match self.w.blocks.staging.as_ref() {
                 Some(buf) => &buf.filled_to(at + FRAME_LEN + len)[at + FRAME_LEN..],
                 None => &[],
             },
@@ -111,7 +103,7 @@ impl std::ops::DerefMut for RecordSlot<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.kind {
             SlotKind::Owned(b) => b,
-            SlotKind::InPlace { at, len, .. } => match self.w.staging.as_mut() {
+            SlotKind::InPlace { at, len, .. } => match self.w.blocks.staging.as_mut() {
                 Some(buf) => &mut buf.space()[*at + FRAME_LEN..*at + FRAME_LEN + *len],
                 None => &mut [],
             },
@@ -134,12 +126,13 @@ impl SpillWriter {
     fn poll_room(&mut self, need: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<bool>> {
         ready_ok!(self.plan((need + BLOCK_HEADER_LEN) as u64, wait));
         let need = need
-            + match self.staging.as_ref() {
-                Some(b) if b.block.is_some() => 0,
-                _ => BLOCK_HEADER_LEN,
+            + if self.blocks.block_open() {
+                0
+            } else {
+                BLOCK_HEADER_LEN
             };
-        if self.staging.as_ref().is_some_and(|b| b.remaining() < need) {
-            if self.direct {
+        if self.blocks.staging.is_some() && self.blocks.room() < need {
+            if self.ctx.direct {
                 return Poll::Ready(Ok(false));
             }
             ready_ok!(self.flush_staging(wait, false));
@@ -157,10 +150,10 @@ impl SpillWriter {
         started: Instant,
         in_poll: bool,
     ) -> Result<RecordSlot<'_>> {
-        if self.staging.is_none() {
+        if self.blocks.staging.is_none() {
             // Under the buffer budget without waiting: a buffer too small, or none free, and
             // the record is an owned slot, whose commit waits (or fails) like a write.
-            let pool = self.core.io.pool();
+            let pool = self.ctx.core.io.pool();
             let need = BLOCK_HEADER_LEN + FRAME_LEN + len;
             let got = if in_poll {
                 match pool.try_take_now(need) {
@@ -174,7 +167,7 @@ impl SpillWriter {
             };
             match got {
                 Ok(b) if b.remaining() >= BLOCK_HEADER_LEN + FRAME_LEN + len => {
-                    self.staging = Some(b)
+                    self.blocks.staging = Some(b)
                 }
                 Ok(_) | Err(Short::Wait { .. } | Short::Exhausted { .. }) => {
                     return Ok(self.owned_slot(len));
@@ -184,8 +177,8 @@ impl SpillWriter {
                 }
             }
         }
-        self.ensure_block();
-        let at = self.staging.as_ref().map_or(0, |b| b.len);
+        self.blocks.open_block();
+        let at = self.blocks.staged();
         Ok(RecordSlot {
             w: self,
             kind: SlotKind::InPlace {
@@ -205,14 +198,11 @@ impl SpillWriter {
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
-        if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > self.core.io.pool().buffer_capacity() {
+        if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > self.ctx.core.io.pool().buffer_capacity()
+        {
             return Ok(self.owned_slot(len));
         }
-        let r = poll_fn(|cx| {
-            ready_ok!(self.resume(cx));
-            self.poll_room(need, &mut Wait::Async(cx))
-        })
-        .await;
+        let r = self.run_async(|w, wait| w.poll_room(need, wait)).await;
         if !self.settle_async(r).await? {
             return Ok(self.owned_slot(len));
         }
@@ -229,11 +219,11 @@ impl SpillWriter {
         self.check_open()?;
         check_len(len)?;
         let need = FRAME_LEN + len;
-        let cap = self.core.io.pool().buffer_capacity();
+        let cap = self.ctx.core.io.pool().buffer_capacity();
         if need + BLOCK_HEADER_LEN + segment::HEADER_LEN > cap {
             return Ok(self.owned_slot(len));
         }
-        let r = blocking(self.poll_room(need, &mut Wait::Block));
+        let r = drive(|w| self.poll_room(need, w));
         if !self.settle(r)? {
             return Ok(self.owned_slot(len));
         }

@@ -15,22 +15,25 @@
 //!   mode), never creating, and a sleep on EMFILE. A segment the scope's cancel deleted
 //!   meanwhile is `Aborted` (the cancel owns its delete: the reopen never creates a file, so
 //!   every file still has exactly one deleter);
-//! - `Submit`: queue an op to a lane whose channel is full (wait for room).
+//! - `Submit`: queue an op to a lane whose channel is full (wait for room);
+//! - `Trim`: give back the preallocated tails of the writer's segments at `finish` (an open and
+//!   an `ftruncate` per segment).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
-use super::alloc::allocate_step;
-use super::flush::short_error;
-use super::rotate::{Opened, Rotor};
-use super::{SpillWriter, Wait};
+use super::Ctx;
+use super::alloc::{allocate_step, trim_allocations};
+use super::rotate::Opened;
+use super::sink::buffer_error;
+use super::{Life, SpillWriter, Wait};
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
-use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Short};
+use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Refused};
 use crate::store::dir;
 use crate::store::entry::SegmentEntry;
 
@@ -39,7 +42,7 @@ use crate::store::entry::SegmentEntry;
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Step {
     Rotate {
-        rotor: Rotor,
+        ctx: Ctx,
         /// Bytes the new segment's ticket holds.
         reserve: u64,
         /// Its first allocation step.
@@ -54,7 +57,7 @@ pub(super) enum Step {
     },
     Map(Mapping),
     Reopen {
-        rotor: Rotor,
+        ctx: Ctx,
         /// The open segment's index in the writer's file list.
         entry: usize,
     },
@@ -63,6 +66,8 @@ pub(super) enum Step {
         lane: usize,
         op: Op,
     },
+    /// Give back the preallocated tails at `finish` (`alloc.rs` `trim_allocations`).
+    Trim(Ctx),
 }
 
 /// What a step did, for [`SpillWriter::apply`].
@@ -72,6 +77,7 @@ pub(super) enum Done {
     Mapped(io::Result<IoBuf>),
     Reopened(OwnedFd, FdPermit),
     Submitted,
+    Trimmed,
 }
 
 /// A step running on the offload pool.
@@ -83,15 +89,15 @@ impl Step {
     fn run(self, off_thread: bool) -> Result<Done> {
         match self {
             Step::Rotate {
-                rotor,
+                ctx,
                 reserve,
                 first,
             } => {
-                let opened = rotor.open(reserve, first)?;
+                let opened = ctx.open(reserve, first)?;
                 // A full buffer budget waits here (a blocking writer's thread, or the pool's).
                 // An error leaves the recorded file to the writer's failure.
-                let buf = rotor.core.io.pool().get_blocking(HEADER_LEN, off_thread);
-                Ok(Done::Rotated(opened, buf.map_err(short_error)?))
+                let buf = ctx.core.io.pool().get_blocking(HEADER_LEN, off_thread);
+                Ok(Done::Rotated(opened, buf.map_err(buffer_error)?))
             }
             Step::Grow {
                 file,
@@ -103,13 +109,17 @@ impl Step {
                 r: allocate_step(file.as_fd(), direct, preallocate, target),
             }),
             Step::Map(m) => Ok(Done::Mapped(m.map(off_thread))),
-            Step::Reopen { rotor, entry } => {
-                let (fd, permit) = rotor.reopen(entry)?;
+            Step::Reopen { ctx, entry } => {
+                let (fd, permit) = ctx.reopen(entry)?;
                 Ok(Done::Reopened(fd, permit))
             }
             Step::Submit { core, lane, op } => {
                 core.io.submit(lane, op);
                 Ok(Done::Submitted)
+            }
+            Step::Trim(ctx) => {
+                trim_allocations(&ctx.core, &ctx.shared, ctx.direct);
+                Ok(Done::Trimmed)
             }
         }
     }
@@ -121,21 +131,25 @@ impl SpillWriter {
     pub(super) fn run_step(&mut self, step: Step, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
         match wait {
             Wait::Block => Poll::Ready(step.run(false).and_then(|d| self.apply(d))),
-            Wait::Async(cx) => {
-                self.running = Some(self.core.io.offload().run(move || step.run(true)));
-                self.resume(cx)
+            Wait::Async(_, running) => {
+                **running = Some(self.ctx.core.io.offload().run(move || step.run(true)));
+                self.life = Life::Busy;
+                self.resume(wait)
             }
         }
     }
 
     /// An async call's poll, first: the step running on the offload pool, if any. `Pending`
     /// while it runs; its result applied once it ended.
-    pub(super) fn resume(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let Some(job) = self.running.as_mut() else {
+    pub(super) fn resume(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+        let Wait::Async(cx, running) = wait else {
+            return Poll::Ready(Ok(()));
+        };
+        let Some(job) = running.as_mut() else {
             return Poll::Ready(Ok(()));
         };
         let done = ready_ok!(job.poll(cx).map(Ok::<_, SpillError>));
-        self.running = None;
+        **running = None;
         Poll::Ready(done.and_then(|d| self.apply(d)))
     }
 
@@ -159,7 +173,7 @@ impl SpillWriter {
                         Ok(())
                     }
                     Err(e) => {
-                        let f = self.shared.files.lock();
+                        let f = self.ctx.shared.files.lock();
                         let path = f
                             .entries
                             .get(seg.entry_index)
@@ -170,72 +184,21 @@ impl SpillWriter {
                 }
             }
             Done::Mapped(r) => {
-                self.staging = Some(r.map_err(|e| short_error(Short::Io(e)))?);
+                self.blocks.staging = Some(r.map_err(|e| buffer_error(Refused::Io(e)))?);
                 Ok(())
             }
             Done::Reopened(fd, permit) => {
                 if let Some(seg) = self.seg.as_ref() {
-                    seg.file.fill(fd, permit, self.core.io.reaper().clone());
+                    seg.file.fill(fd, permit, self.ctx.core.io.reaper().clone());
                 }
                 Ok(())
             }
-            Done::Submitted => Ok(()),
+            Done::Submitted | Done::Trimmed => Ok(()),
         }
-    }
-
-    /// The open segment's fd for a write op: the cached one (the hot path: no syscall), or
-    /// the segment reopened first (a step). A refusal here may come with part of a record
-    /// already staged, so it fails the writer (its files are deleted) rather than leave it
-    /// usable.
-    pub(super) fn poll_file(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<Arc<FileHandle>>> {
-        loop {
-            if let Some(f) = self.seg.as_ref().and_then(|s| s.file.get()) {
-                return Poll::Ready(Ok(f));
-            }
-            match self.poll_reopened(wait) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e @ SpillError::TooManyOpenFiles { .. })) => {
-                    return Poll::Ready(Err(self.fail(e)));
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-
-    /// Reopens the open segment, whose fd the bound closed (a step).
-    pub(super) fn poll_reopened(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let Some(seg) = self.seg.as_ref() else {
-            return Poll::Ready(Err(SpillError::WriterFailed));
-        };
-        let step = Step::Reopen {
-            rotor: self.rotor(),
-            entry: seg.entry_index,
-        };
-        self.run_step(step, wait)
-    }
-
-    /// Queues `op` on the writer's lane, counted in flight. An async writer that finds the
-    /// lane's channel full waits for room on the offload pool (a step), not in its poll.
-    pub(super) fn submit(&mut self, op: Op, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        self.shared.tracker.st.lock().inflight += 1;
-        let op = match wait {
-            Wait::Block => op,
-            Wait::Async(_) => match self.core.io.try_submit(self.lane, op) {
-                Ok(()) => return Poll::Ready(Ok(())),
-                Err(op) => op,
-            },
-        };
-        let step = Step::Submit {
-            core: self.core.clone(),
-            lane: self.lane,
-            op,
-        };
-        self.run_step(step, wait)
     }
 }
 
-impl Rotor {
+impl Ctx {
     /// The `Reopen` step: the open segment (index `entry` in the file list) reopened under a
     /// new permit of the fd bound (waiting at the bound).
     fn reopen(&self, entry: usize) -> Result<(OwnedFd, FdPermit)> {

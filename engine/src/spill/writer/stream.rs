@@ -11,7 +11,7 @@ use std::io;
 use std::task::Poll;
 use std::time::Instant;
 
-use super::{SpillWriter, Wait, blocking};
+use super::{SpillWriter, Wait, drive};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::format::block::{BLOCK_HEADER_LEN, LARGE_PREFIX_LEN};
@@ -60,7 +60,7 @@ impl SpillWriter {
         let mut rest = bytes;
         let mut r = Ok(());
         while !rest.is_empty() {
-            match blocking(self.append_some(rest, &mut Wait::Block)) {
+            match drive(|w| self.append_some(rest, w)) {
                 Ok(n) => rest = &rest[n..],
                 Err(e) => {
                     r = Err(e);
@@ -69,33 +69,22 @@ impl SpillWriter {
             }
         }
         let r = self.settle(r);
-        self.core.counters.latency.write.record_since(started);
+        self.ctx.core.counters.latency.write.record_since(started);
         r
-    }
-
-    /// True when the staging buffer's block has a record the stream is filling.
-    fn stream_record_open(&self) -> bool {
-        self.staging
-            .as_ref()
-            .and_then(|b| b.block.as_ref())
-            .is_some_and(|b| b.open_record.is_some())
     }
 
     /// Appends what fits of `data` to the stream's open record (opening one first if there
     /// is none): returns how many bytes went in, at least one. Nothing is placed before a
     /// `Pending`.
     fn append_some(&mut self, data: &[u8], wait: &mut Wait<'_, '_>) -> Poll<Result<usize>> {
-        if !self.stream_record_open() {
+        if !self.blocks.stream_record_open() {
             // A segment with room for a block header, a frame and one byte.
             ready_ok!(self.plan((BLOCK_HEADER_LEN + FRAME_LEN + 1) as u64, wait));
             loop {
                 ready_ok!(self.staging_with_room(wait));
-                let Some(buf) = self.staging.as_ref() else {
-                    return Poll::Ready(Err(SpillError::WriterFailed));
-                };
-                let open = buf.block.is_some();
+                let open = self.blocks.block_open();
                 let need = FRAME_LEN + 1 + if open { 0 } else { BLOCK_HEADER_LEN };
-                if buf.remaining() >= need {
+                if self.blocks.room() >= need {
                     break;
                 }
                 if !open {
@@ -103,7 +92,7 @@ impl SpillWriter {
                     // of a large record): the next bytes are a raw block of their own that
                     // continues into the next buffer, as `place_in_block` places a record
                     // there (direct mode writes no partial buffer mid-segment).
-                    let n = data.len().min(self.core.io.pool().buffer_capacity());
+                    let n = data.len().min(self.ctx.core.io.pool().buffer_capacity());
                     let need = (LARGE_PREFIX_LEN + n + DIRECT_ALIGN) as u64;
                     ready_ok!(self.plan(need, wait));
                     ready_ok!(self.place_large_slice(&data[..n], wait));
@@ -112,31 +101,12 @@ impl SpillWriter {
                 }
                 ready_ok!(self.flush_staging(wait, false));
             }
-            self.ensure_block();
-            let (Some(buf), Some(seg)) = (self.staging.as_mut(), self.seg.as_mut()) else {
-                return Poll::Ready(Err(SpillError::WriterFailed));
-            };
-            let at = buf.len;
-            buf.push(&[0u8; FRAME_LEN]);
-            if let Some(b) = buf.block.as_mut() {
-                b.records += 1;
-                b.open_record = Some(at);
-            }
-            seg.logical += FRAME_LEN as u64;
+            self.blocks.open_block();
+            self.blocks.open_stream_record();
             self.count_record(0);
         }
-        let (Some(buf), Some(seg)) = (self.staging.as_mut(), self.seg.as_mut()) else {
-            return Poll::Ready(Err(SpillError::WriterFailed));
-        };
-        let seg_room = self.segment_size.saturating_sub(seg.logical) as usize;
-        let n = data.len().min(buf.remaining()).min(seg_room);
-        buf.push(&data[..n]);
-        seg.logical += n as u64;
-        if buf.remaining() == 0 || n == seg_room {
-            // The buffer or the segment is full: the record ends here; the next bytes open
-            // one in the next buffer (or, after `plan` rotates, segment).
-            buf.end_open_record();
-        }
+        let seg_room = self.ctx.segment_size.saturating_sub(self.offset()) as usize;
+        let n = self.blocks.push_stream(data, seg_room);
         self.count_bytes(n);
         Poll::Ready(Ok(n))
     }
@@ -184,10 +154,10 @@ impl From<SpillError> for io::Error {
 /// record. Errors carry the [`SpillError`] ([`SpillError::from_io`]).
 impl io::Write for SpillWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let before = self.bytes_written;
+        let before = self.counts.bytes;
         match self.append(buf) {
             Ok(()) => Ok(buf.len()),
-            Err(e) => match (self.bytes_written - before) as usize {
+            Err(e) => match (self.counts.bytes - before) as usize {
                 0 => Err(e.into()),
                 n => Ok(n),
             },
