@@ -90,7 +90,7 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
             }
         };
         let stored = bytes::Bytes::copy_from_slice(&buf[b.stored.clone()]);
-        let mut cb = match crate::spill::reader::CurBlock::decode(
+        let mut cb = match crate::spill::segment_read::CurBlock::decode(
             b.header,
             stored,
             b.offset as u64,
@@ -218,6 +218,12 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
 /// of them finds it full).
 pub fn lane_room(engine: &crate::Engine) -> usize {
     engine.io_handle().lane_room()
+}
+
+/// Turns the cooperative yielding of async calls (`spill/budget.rs`) on or off for the whole
+/// process: for the yielding bench to compare throughput with and without it. On by default.
+pub fn set_cooperative_yield(on: bool) {
+    crate::spill::budget::set_yielding(on);
 }
 
 /// Decode buffers the process-wide decode pool keeps now (compressed blocks' records give

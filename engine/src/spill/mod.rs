@@ -1,8 +1,9 @@
 //! The user's stages of a spill: the task's scope ([`task`]), the writer ([`writer`]), the
 //! grants on a finished spill's files ([`grant`]) and the state that holds them ([`state`]),
 //! the reader ([`reader`]), and the reader of a published file without an engine
-//! ([`segment_reader`]).
+//! ([`segment_reader`]); the budget of work after which an async call yields ([`budget`]).
 
+pub(crate) mod budget;
 pub(crate) mod grant;
 pub(crate) mod reader;
 pub(crate) mod segment_read;

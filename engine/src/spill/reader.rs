@@ -49,13 +49,13 @@ use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
-use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
-use crate::format::crypt::BlockKey;
+use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{DECODE_POOL, Offloaded, Reaped, Reaper, SharedMap};
+use crate::io::{Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
+use crate::spill::budget::Budget;
 use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
-use crate::spill::segment_read::{ReadSmall, SegmentFd, read_small, touch_pages};
+use crate::spill::segment_read::{CurBlock, ReadSmall, SegmentFd, read_small, touch_pages};
 use crate::store::dir::TaskDir;
 
 /// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
@@ -149,6 +149,8 @@ pub struct SpillReader {
     iter_failed: bool,
     /// Async reads: the open of segment `.0` running on the offload pool (read-ahead).
     ahead: Option<(usize, Offloaded<Result<Mapped>>)>,
+    /// The work `next_record_async` may do before it yields (`spill/budget.rs`).
+    budget: Budget,
     grant: Grant,
 }
 
@@ -192,6 +194,7 @@ impl SpillReader {
             next_seg: 0,
             iter_failed: false,
             ahead: None,
+            budget: Budget::new(),
             grant,
         }
     }
@@ -223,6 +226,10 @@ impl SpillReader {
     /// engine's offload pool, never in a poll, and the next segment is opened there while this
     /// one is read (read-ahead: a reader holds at most two segments then).
     ///
+    /// A loop of calls that each find their record at once (a segment mapped or read already)
+    /// yields to the runtime after a short slice of work (`Pending`, the task woken), so the
+    /// runtime's timers and other tasks run; see the crate docs' async rules.
+    ///
     /// Dropping the future leaves the reader usable: an open under way ends on its own and is
     /// used by the next call if it is still the segment needed.
     pub async fn next_record_async(&mut self) -> Result<Option<Bytes>> {
@@ -230,6 +237,17 @@ impl SpillReader {
     }
 
     fn poll_next_record(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
+        std::task::ready!(self.budget.poll_ready(cx));
+        let r = self.poll_next_record_budgeted(cx);
+        match &r {
+            Poll::Ready(Ok(Some(rec))) => self.budget.spend(rec.len()),
+            Poll::Ready(_) => self.budget.spend(0),
+            Poll::Pending => self.budget.yielded(),
+        }
+        r
+    }
+
+    fn poll_next_record_budgeted(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
         if self.grant.0.is_aborted() {
             self.ahead = None;
             return Poll::Ready(Err(self.aborted()));
@@ -507,83 +525,4 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
         generation,
         dir,
     })
-}
-
-/// The largest decoded length a compressed block may claim (a damaged header never makes a
-/// reader allocate more).
-const MAX_DECODED: u64 = 1 << 30;
-
-/// A checked block's records, handed out in order: views of the segment for a raw block, of a
-/// pooled decode buffer for a compressed one (back to the pool when the last view goes).
-pub(crate) struct CurBlock {
-    data: Bytes,
-    off: usize,
-    left: u32,
-    /// The block's offset in the segment (where its damage is reported).
-    pub(crate) offset: u64,
-}
-
-impl CurBlock {
-    /// Decodes a block whose checksum was checked (a plaintext block), or, with `sealed`
-    /// (the engine's key, the block's binding and its 64 header bytes), decrypts and checks
-    /// an encrypted one into a pooled buffer first: `stored` are its stored bytes.
-    pub(crate) fn decode(
-        h: BlockHeader,
-        stored: Bytes,
-        offset: u64,
-        c: &crate::metrics::Counters,
-        sealed: Option<(&BlockKey, Binding, &[u8])>,
-    ) -> std::result::Result<Self, &'static str> {
-        if h.codec != 0 && h.raw > MAX_DECODED {
-            return Err("compressed block claims a decoded length past 1 GiB");
-        }
-        let stored = match (h.encrypted, sealed) {
-            (false, None) => stored,
-            (true, Some((key, bind, header))) => {
-                let t = std::time::Instant::now();
-                let mut plain = DECODE_POOL.take(stored.len());
-                plain.as_mut_slice().copy_from_slice(&stored);
-                key.open(bind, offset, header, plain.as_mut_slice())?;
-                Counters::add(&c.decrypt_nanos, t.elapsed().as_nanos() as u64);
-                Bytes::from_owner(plain)
-            }
-            (true, None) => {
-                return Err("encrypted block: only the engine holding its key can read it");
-            }
-            (false, Some(_)) => return Err("plaintext block in an encrypted engine's segment"),
-        };
-        let data = if h.codec == 0 {
-            stored
-        } else {
-            let t = std::time::Instant::now();
-            let mut out = DECODE_POOL.take(h.raw as usize);
-            block::decompress(h.codec, &stored, out.as_mut_slice())?;
-            Counters::add(&c.decompress_nanos, t.elapsed().as_nanos() as u64);
-            Bytes::from_owner(out)
-        };
-        Counters::add(&c.physical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.stored);
-        Counters::add(&c.logical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.raw);
-        Ok(CurBlock {
-            data,
-            off: 0,
-            left: h.records,
-            offset,
-        })
-    }
-
-    /// The next record, `None` at the block's end (its count checked).
-    pub(crate) fn next(&mut self) -> std::result::Result<Option<Bytes>, &'static str> {
-        match block::record_in(&self.data, self.off)? {
-            Some(r) => {
-                if self.left == 0 {
-                    return Err("block holds more records than its header says");
-                }
-                self.left -= 1;
-                self.off = r.end;
-                Ok(Some(self.data.slice(r)))
-            }
-            None if self.left != 0 => Err("block holds fewer records than its header says"),
-            None => Ok(None),
-        }
-    }
 }

@@ -1,14 +1,18 @@
 //! Reading a segment's bytes for the reader: the fd to read through (the writer's, kept with the
 //! file, or one opened by name), one `pread` of a small segment into a kept read buffer, and the
-//! page touch of an async reader's map.
+//! page touch of an async reader's map; and a checked block's records handed out in order
+//! (`CurBlock`: decrypted and decoded first when they must be).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
+use crate::format::crypt::BlockKey;
 use crate::format::segment::HEADER_LEN;
-use crate::io::FileHandle;
+use crate::io::{DECODE_POOL, FileHandle};
+use crate::metrics::Counters;
 
 /// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
 /// thread): the page faults of a cold map are taken here, so the reader's caller finds the
@@ -73,4 +77,83 @@ pub(super) fn read_up_to(file: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Resul
         }
     }
     Ok(got)
+}
+
+/// The largest decoded length a compressed block may claim (a damaged header never makes a
+/// reader allocate more).
+const MAX_DECODED: u64 = 1 << 30;
+
+/// A checked block's records, handed out in order: views of the segment for a raw block, of a
+/// pooled decode buffer for a compressed one (back to the pool when the last view goes).
+pub(crate) struct CurBlock {
+    data: Bytes,
+    off: usize,
+    left: u32,
+    /// The block's offset in the segment (where its damage is reported).
+    pub(crate) offset: u64,
+}
+
+impl CurBlock {
+    /// Decodes a block whose checksum was checked (a plaintext block), or, with `sealed`
+    /// (the engine's key, the block's binding and its 64 header bytes), decrypts and checks
+    /// an encrypted one into a pooled buffer first: `stored` are its stored bytes.
+    pub(crate) fn decode(
+        h: BlockHeader,
+        stored: Bytes,
+        offset: u64,
+        c: &crate::metrics::Counters,
+        sealed: Option<(&BlockKey, Binding, &[u8])>,
+    ) -> std::result::Result<Self, &'static str> {
+        if h.codec != 0 && h.raw > MAX_DECODED {
+            return Err("compressed block claims a decoded length past 1 GiB");
+        }
+        let stored = match (h.encrypted, sealed) {
+            (false, None) => stored,
+            (true, Some((key, bind, header))) => {
+                let t = std::time::Instant::now();
+                let mut plain = DECODE_POOL.take(stored.len());
+                plain.as_mut_slice().copy_from_slice(&stored);
+                key.open(bind, offset, header, plain.as_mut_slice())?;
+                Counters::add(&c.decrypt_nanos, t.elapsed().as_nanos() as u64);
+                Bytes::from_owner(plain)
+            }
+            (true, None) => {
+                return Err("encrypted block: only the engine holding its key can read it");
+            }
+            (false, Some(_)) => return Err("plaintext block in an encrypted engine's segment"),
+        };
+        let data = if h.codec == 0 {
+            stored
+        } else {
+            let t = std::time::Instant::now();
+            let mut out = DECODE_POOL.take(h.raw as usize);
+            block::decompress(h.codec, &stored, out.as_mut_slice())?;
+            Counters::add(&c.decompress_nanos, t.elapsed().as_nanos() as u64);
+            Bytes::from_owner(out)
+        };
+        Counters::add(&c.physical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.stored);
+        Counters::add(&c.logical_bytes_read, (BLOCK_HEADER_LEN as u64) + h.raw);
+        Ok(CurBlock {
+            data,
+            off: 0,
+            left: h.records,
+            offset,
+        })
+    }
+
+    /// The next record, `None` at the block's end (its count checked).
+    pub(crate) fn next(&mut self) -> std::result::Result<Option<Bytes>, &'static str> {
+        match block::record_in(&self.data, self.off)? {
+            Some(r) => {
+                if self.left == 0 {
+                    return Err("block holds more records than its header says");
+                }
+                self.left -= 1;
+                self.off = r.end;
+                Ok(Some(self.data.slice(r)))
+            }
+            None if self.left != 0 => Err("block holds fewer records than its header says"),
+            None => Ok(None),
+        }
+    }
 }

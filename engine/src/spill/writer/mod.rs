@@ -19,7 +19,6 @@
 //! (`Auto`'s policy), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut
 //! into records: `append`, `std::io::Write`).
 
-use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -33,6 +32,7 @@ use crate::error::{Result, SpillError};
 use crate::fault::{self, FaultPoint};
 use crate::format::segment::MAX_RECORD;
 use crate::metrics::Counters;
+use crate::spill::budget::Budget;
 use crate::spill::state::SpilledState;
 use crate::spill::task::TaskShared;
 
@@ -123,6 +123,8 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     life: Life,
     counts: Counts,
+    /// The work its async calls may do before one yields (`spill/budget.rs`).
+    budget: Budget,
     /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
     span: tracing::Span,
 }
@@ -202,6 +204,7 @@ impl SpillWriter {
                 core,
             },
             counts: Counts::default(),
+            budget: Budget::new(),
             seg: None,
             life: Life::Open,
         })
@@ -251,10 +254,13 @@ impl SpillWriter {
     /// fails (and deletes its files) on its next use, since a record may be half placed.
     pub async fn write_async(&mut self, record: Bytes) -> Result<()> {
         let started = Instant::now();
+        let len = record.len();
         let mut p = self.begin(record)?;
-        // A future dropped from here on leaves the writer `Busy`: its next call fails it.
-        self.life = Life::Busy;
-        let r = self.run_async(|w, wait| w.place(&mut p, wait)).await;
+        // A future dropped once it starts placing leaves the writer `Busy`: its next call
+        // fails it.
+        let r = self
+            .run_async(Some(len), |w, wait| w.place(&mut p, wait))
+            .await;
         let r = self.settle_async(r).await;
         self.ctx.core.counters.latency.write.record_since(started);
         r
@@ -292,7 +298,7 @@ impl SpillWriter {
     async fn finish_async_sealed(mut self) -> Result<SpilledState> {
         let mut trimmed = false;
         let r = self
-            .run_async(|w, wait| w.poll_finished(wait, &mut trimmed))
+            .run_async(None, |w, wait| w.poll_finished(wait, &mut trimmed))
             .await;
         self.settle_async(r).await?;
         self.hand_off()
@@ -307,27 +313,6 @@ impl SpillWriter {
             return Poll::Ready(Ok(()));
         }
         self.run_step(step::Step::Trim(self.ctx.clone()), wait)
-    }
-
-    /// Polls `f` to its end as an async call: with the call's step slot, the step (if any)
-    /// resumed first on every poll. A step running marks the writer `Busy` (so does
-    /// `write_async` for its whole call): a future dropped then leaves it so, and the next
-    /// call fails it (`WriteFutureDropped`). Back to `Open` when the call ends.
-    async fn run_async<T>(
-        &mut self,
-        mut f: impl FnMut(&mut Self, &mut Wait<'_, '_>) -> Poll<Result<T>>,
-    ) -> Result<T> {
-        let mut step = None;
-        let r = poll_fn(|cx| {
-            let mut wait = Wait::Async(cx, &mut step);
-            ready_ok!(self.resume(&mut wait));
-            f(self, &mut wait)
-        })
-        .await;
-        if self.life == Life::Busy {
-            self.life = Life::Open;
-        }
-        r
     }
 
     /// Segment files this writer has created so far.

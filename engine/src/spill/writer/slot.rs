@@ -202,7 +202,9 @@ impl SpillWriter {
         {
             return Ok(self.owned_slot(len));
         }
-        let r = self.run_async(|w, wait| w.poll_room(need, wait)).await;
+        let r = self
+            .run_async(None, |w, wait| w.poll_room(need, wait))
+            .await;
         if !self.settle_async(r).await? {
             return Ok(self.owned_slot(len));
         }

@@ -19,6 +19,7 @@
 //! - `Trim`: give back the preallocated tails of the writer's segments at `finish` (an open and
 //!   an `ftruncate` per segment).
 
+use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -126,6 +127,47 @@ impl Step {
 }
 
 impl SpillWriter {
+    /// Polls `f` to its end as an async call: first the writer's budget of work
+    /// (`spill/budget.rs`: a spent one yields before anything is done; `record` bytes are
+    /// what the call moves, and such a call, `write_async`, marks the writer `Busy` once it
+    /// starts, since a record may then be half placed); then on every poll the call's step
+    /// (if any) resumed first. A step running marks the writer `Busy` too: a future dropped
+    /// then leaves it so, and the next call fails it (`WriteFutureDropped`). Back to `Open`
+    /// when the call ends.
+    pub(super) async fn run_async<T>(
+        &mut self,
+        record: Option<usize>,
+        mut f: impl FnMut(&mut Self, &mut Wait<'_, '_>) -> Poll<Result<T>>,
+    ) -> Result<T> {
+        let mut step = None;
+        let mut started = false;
+        let r = poll_fn(|cx| {
+            if !started {
+                std::task::ready!(self.budget.poll_ready(cx));
+                self.budget.spend(record.unwrap_or(0));
+                if record.is_some() {
+                    self.life = Life::Busy;
+                }
+                started = true;
+            }
+            let mut wait = Wait::Async(cx, &mut step);
+            let r = match self.resume(&mut wait) {
+                Poll::Ready(Ok(())) => f(self, &mut wait),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            };
+            if r.is_pending() {
+                self.budget.yielded();
+            }
+            r
+        })
+        .await;
+        if self.life == Life::Busy {
+            self.life = Life::Open;
+        }
+        r
+    }
+
     /// Runs `step`: here for a blocking call, and applies its result; on the offload pool for
     /// an async one, `Pending` until it ends (the next poll applies it first: `resume`).
     pub(super) fn run_step(&mut self, step: Step, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {

@@ -1,0 +1,228 @@
+//! Cooperative yielding (issue 24, point 3): on a `current_thread` runtime, a 1 ms timer beside
+//! a task that spills and reads back `SPILLRING_YIELD_MIB` (768) MiB in
+//! `SPILLRING_YIELD_RECORD` (64 KiB) records with `write_async`, `finish_async` and
+//! `next_record_async`, in loops that never yield on their own: how late the timer fires, and
+//! the loop's throughput, with the engine's yielding on and (`testing::set_cooperative_yield`)
+//! off. The timer alone, on the same runtime, first: the idle lateness.
+//!
+//! Goals (judged here, in the JSON's `goals`): with yielding, timer lateness p99 at most 2 ms
+//! and max at most 10 ms above the idle run's; throughput (write + read-back) within 3% of
+//! no yielding. Modes (buffered, direct) and on/off interleave, the order flipping every
+//! repetition (`SPILLRING_YIELD_REPS`, 3); figures are medians over repetitions.
+//!
+//! Run on a quiet machine: `scripts/yielding.sh` (it builds the bench and prints the JSON).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use spillring::testing::set_cooperative_yield;
+use spillring::{Engine, EngineConfig, WriteMode};
+use spillring_benches::{KIB, MIB, env_or, median, quick, scratch, test_mode, write_results};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current_thread runtime")
+}
+
+/// A 1 ms interval's lateness in microseconds, one per tick, until `done`.
+async fn timer(done: Arc<AtomicBool>) -> Vec<u64> {
+    let mut every = tokio::time::interval(Duration::from_millis(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut late = Vec::with_capacity(1 << 16);
+    while !done.load(Ordering::Relaxed) {
+        let due = every.tick().await;
+        late.push(
+            Instant::now()
+                .saturating_duration_since(due.into_std())
+                .as_micros() as u64,
+        );
+    }
+    late
+}
+
+/// p50, p99 and max of `us` (microseconds), in milliseconds.
+fn lateness(mut us: Vec<u64>) -> Value {
+    us.sort_unstable();
+    let at = |q: f64| {
+        us.get(((us.len() as f64 * q) as usize).min(us.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
+    json!({
+        "ticks": us.len(),
+        "p50_ms": at(0.50),
+        "p99_ms": at(0.99),
+        "max_ms": us.last().copied().unwrap_or(0) as f64 / 1000.0,
+    })
+}
+
+/// The timer alone for `secs`.
+fn idle(secs: f64) -> Value {
+    let rt = runtime();
+    rt.block_on(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let t = tokio::spawn(timer(done.clone()));
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        done.store(true, Ordering::Relaxed);
+        lateness(t.await.expect("timer task"))
+    })
+}
+
+/// One spill and read-back beside the timer.
+fn run(mode: WriteMode, yielding: bool, total: usize, record: usize) -> Value {
+    set_cooperative_yield(yielding);
+    let dir = scratch("yielding").expect("create a scratch directory");
+    let engine = Engine::open(EngineConfig::new(dir.path()).mode(mode)).expect("open engine");
+    let rt = runtime();
+    let rec = Bytes::from(
+        (0..record)
+            .map(|i| (i as u8).wrapping_mul(31))
+            .collect::<Vec<u8>>(),
+    );
+    let n = total / record;
+    let (write_s, read_s, late) = rt.block_on(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let t = tokio::spawn(timer(done.clone()));
+        let e2 = engine.clone();
+        let spill = tokio::spawn(async move {
+            let task = e2.task("yielding").expect("task");
+            let t0 = Instant::now();
+            let mut w = task.writer().expect("writer");
+            for _ in 0..n {
+                w.write_async(rec.clone()).await.expect("write_async");
+            }
+            let st = w.finish_async().await.expect("finish_async");
+            let write_s = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let mut r = st.reader().expect("reader");
+            let mut got = 0usize;
+            while let Some(b) = r.next_record_async().await.expect("next_record_async") {
+                got += b.len();
+            }
+            let read_s = t1.elapsed().as_secs_f64();
+            assert_eq!(got, n * record, "every byte read back");
+            drop((r, st));
+            task.close();
+            (write_s, read_s)
+        });
+        let (w, r) = spill.await.expect("spill task");
+        done.store(true, Ordering::Relaxed);
+        (w, r, t.await.expect("timer task"))
+    });
+    set_cooperative_yield(true);
+    drop(engine);
+    let mib = (n * record) as f64 / MIB as f64;
+    json!({
+        "mode": format!("{mode:?}").to_lowercase(),
+        "yielding": yielding,
+        "write_s": write_s,
+        "read_s": read_s,
+        "mib_per_s": 2.0 * mib / (write_s + read_s),
+        "timer": lateness(late),
+    })
+}
+
+fn pick(runs: &[Value], mode: &str, yielding: bool, f: impl Fn(&Value) -> f64) -> f64 {
+    let mut v: Vec<f64> = runs
+        .iter()
+        .filter(|r| r["mode"] == mode && r["yielding"] == yielding)
+        .map(f)
+        .collect();
+    median(&mut v)
+}
+
+fn main() {
+    let (mib, reps, idle_s) = if test_mode() {
+        (16, 1, 0.1)
+    } else if quick() {
+        (128, 1, 0.5)
+    } else {
+        (768, 3, 2.0)
+    };
+    let total = env_or("SPILLRING_YIELD_MIB", mib) * MIB;
+    let record = env_or("SPILLRING_YIELD_RECORD", 64 * KIB);
+    let reps = env_or("SPILLRING_YIELD_REPS", reps);
+    let idle = idle(idle_s);
+    let mut runs = Vec::new();
+    for rep in 0..reps {
+        let modes = if rep % 2 == 0 {
+            [WriteMode::Buffered, WriteMode::Direct]
+        } else {
+            [WriteMode::Direct, WriteMode::Buffered]
+        };
+        for mode in modes {
+            let order = if rep % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for yielding in order {
+                let mut r = run(mode, yielding, total, record);
+                r["rep"] = json!(rep);
+                eprintln!("{r}");
+                runs.push(r);
+            }
+        }
+    }
+    let (idle_p99, idle_max) = (
+        idle["p99_ms"].as_f64().unwrap_or(0.0),
+        idle["max_ms"].as_f64().unwrap_or(0.0),
+    );
+    let mut modes = serde_json::Map::new();
+    let mut met = true;
+    for mode in ["buffered", "direct"] {
+        let p99 = |y| {
+            pick(&runs, mode, y, |r| {
+                r["timer"]["p99_ms"].as_f64().unwrap_or(0.0)
+            })
+        };
+        let max = |y| {
+            pick(&runs, mode, y, |r| {
+                r["timer"]["max_ms"].as_f64().unwrap_or(0.0)
+            })
+        };
+        let tp = |y| pick(&runs, mode, y, |r| r["mib_per_s"].as_f64().unwrap_or(0.0));
+        let ratio = if tp(false) > 0.0 {
+            tp(true) / tp(false)
+        } else {
+            0.0
+        };
+        let goals = json!({
+            "p99_above_idle_ms": p99(true) - idle_p99,
+            "p99_met": p99(true) - idle_p99 <= 2.0,
+            "max_above_idle_ms": max(true) - idle_max,
+            "max_met": max(true) - idle_max <= 10.0,
+            "throughput_on_over_off": ratio,
+            "throughput_met": ratio >= 0.97,
+        });
+        met &=
+            goals["p99_met"] == true && goals["max_met"] == true && goals["throughput_met"] == true;
+        modes.insert(
+            mode.into(),
+            json!({
+                "yielding": { "p99_ms": p99(true), "max_ms": max(true), "mib_per_s": tp(true) },
+                "no_yielding": { "p99_ms": p99(false), "max_ms": max(false), "mib_per_s": tp(false) },
+                "goals": goals,
+            }),
+        );
+    }
+    let doc = json!({
+        "bench": "yielding",
+        "mib": total / MIB,
+        "record_bytes": record,
+        "reps": reps,
+        "runtime": "current_thread",
+        "idle": idle,
+        "modes": modes,
+        "goals_met": met,
+        "runs": runs,
+    });
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    write_results("yielding", &doc).expect("write results");
+}
