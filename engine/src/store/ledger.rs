@@ -212,7 +212,8 @@ impl Ledger {
 
     /// The quota in bytes, `None` when unlimited.
     pub(crate) fn max_bytes(&self) -> Option<u64> {
-        (self.max_pages != u64::MAX).then(|| self.max_pages * PAGE)
+        // Saturating: a quota near `u64::MAX` bytes is stored rounded up to whole pages.
+        (self.max_pages != u64::MAX).then(|| self.max_pages.saturating_mul(PAGE))
     }
 
     pub(crate) fn used(&self) -> usize {
@@ -441,6 +442,19 @@ mod tests {
         assert_eq!(l.high_water(), 3);
         drop((a, b, c));
         assert_eq!((l.used(), l.bytes_used(), l.high_water()), (0, 0, 3));
+    }
+
+    #[test]
+    fn a_quota_near_u64_max_is_reported_without_overflow() {
+        // `Auto`'s space pressure reads it at every block (seen panicking, 'attempt to
+        // multiply with overflow', in config::every_field_at_its_bounds_... before the fix).
+        let l = Ledger::new(2, Some(u64::MAX - 1));
+        assert_eq!(l.max_bytes(), Some(u64::MAX));
+        assert_eq!(
+            Ledger::new(2, Some(PAGE * 3 - 1)).max_bytes(),
+            Some(PAGE * 3)
+        );
+        assert_eq!(Ledger::new(2, None).max_bytes(), None);
     }
 
     #[test]

@@ -380,4 +380,3 @@ fn quota_fill(core: &Core) -> f64 {
         .max_bytes()
         .map_or(0.0, |max| ledger.bytes_used() as f64 / max as f64)
 }
-

@@ -19,6 +19,7 @@
 //! (`Auto`'s policy), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut
 //! into records: `append`, `std::io::Write`).
 
+use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
