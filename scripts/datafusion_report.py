@@ -56,9 +56,9 @@ def table(doc, setting):
     by = rounds(doc["runs"])
     lines = []
     lines.append(
-        "| query | backend | runs ok | wall s (median) | wall ÷ default | spill I/O s | spill I/O ÷ default | spilled MiB (DataFusion's) | on disk MiB | on disk ÷ spilled | peak RSS MiB | RSS − default's MiB | same rows as default |"
+        "| query | backend | runs ok | wall s (median) | wall ÷ default | spill I/O s | spill I/O ÷ default | spilled MiB (DataFusion's) | on disk MiB | on disk ÷ spilled | peak RSS MiB | RSS − default's MiB | peak anon / file-backed MiB | same rows as default |"
     )
-    lines.append("|" + "---|" * 13)
+    lines.append("|" + "---|" * 14)
     summary = {}
     for q in QUERIES:
         for b in BACKENDS:
@@ -75,6 +75,8 @@ def table(doc, setting):
             phys = med([r["physical_bytes"] for r in ok]) / 2**20 if ok else float("nan")
             rss = med([r["peak_rss_kib"] for r in ok]) / 1024 if ok else float("nan")
             d_rss = med([r["peak_rss_kib"] for r in d_ok]) / 1024 if d_ok else float("nan")
+            anon = med([r.get("peak_anon_kib", 0) for r in ok]) / 1024 if ok else float("nan")
+            filed = med([r.get("peak_file_kib", 0) for r in ok]) / 1024 if ok else float("nan")
             hashes = {(r["rows"], r["hash"]) for r in ok} | {(r["rows"], r["hash"]) for r in d_ok}
             same = "yes" if len(hashes) == 1 else f"NO ({len(hashes)} distinct)"
             summary[(q, b)] = dict(
@@ -97,7 +99,7 @@ def table(doc, setting):
                 f" ({'; '.join(sorted(e[:80] for e in errors if e))})" if errors else ""
             )
             lines.append(
-                f"| {q} | {LABEL[b]} | {okcol} | {med(wall):.2f} | {wcol} | {med(io):.2f} | {iocol} | {spilled:.0f} | {phys:.0f} | {phys / spilled if spilled else float('nan'):.3f} | {rss:.0f} | {rcol} | {same} |"
+                f"| {q} | {LABEL[b]} | {okcol} | {med(wall):.2f} | {wcol} | {med(io):.2f} | {iocol} | {spilled:.0f} | {phys:.0f} | {phys / spilled if spilled else float('nan'):.3f} | {rss:.0f} | {rcol} | {anon:.0f} / {filed:.0f} | {same} |"
             )
     return lines, summary
 
