@@ -344,6 +344,9 @@ mod tests {
         assert_eq!(l.per_root()[0], (1, 5 * PAGE));
         a.shrink_to(2 * PAGE);
         assert_eq!(l.per_root()[0], (1, 2 * PAGE));
+        // What `Store::root_fill` reads for `Auto`'s space pressure.
+        assert_eq!((l.bytes_on(0), l.bytes_on(1)), (2 * PAGE, PAGE));
+        assert_eq!(l.bytes_on(2), 0, "no such root");
         let r = b.retain();
         assert_eq!(
             l.per_root()[1],
