@@ -27,6 +27,7 @@ per_backend!(
     a_cancel_under_a_reopen_is_aborted_and_deletes_once,
     ten_thousand_open_spills_under_a_lowered_nofile_limit,
     sealed_segments_keep_their_fds_within_the_bound_and_close_them_with_their_deletes,
+    the_engine_leaves_the_host_half_of_a_low_soft_nofile_limit,
 );
 
 /// Sets the soft `RLIMIT_NOFILE` to `soft`; returns the previous limits.
@@ -543,4 +544,54 @@ fn ten_thousand_open_spills_under_a_lowered_nofile_limit(b: BackendKind) {
     drop(states);
     task.close();
     assert_clean(&engine, &root);
+}
+
+/// Issue 25 item 4: under `ulimit -n 256` with the default `max_open_files` (1,024), the engine
+/// holds at most half of the soft limit, so with 1,000 open writers the host's own opens
+/// still succeed. (Before: the engine's fds filled the process up to the limit, and the
+/// host's `File::open` failed with EMFILE.)
+fn the_engine_leaves_the_host_half_of_a_low_soft_nofile_limit(b: BackendKind) {
+    const SOFT: u64 = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let _guard = NofileGuard::set(SOFT);
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .io_buffer_size(4096)
+            .segment_size(64 << 10),
+    )
+    .unwrap();
+    assert_eq!(
+        spillring::testing::fd_stats(&engine).max,
+        (SOFT / 2) as usize,
+        "the bound at open: half the soft limit"
+    );
+    warm(&engine);
+    let task = engine.task("host-headroom").unwrap();
+    let mut writers = Vec::new();
+    for w in 0..1000u64 {
+        let mut wr = task.writer().unwrap_or_else(|e| panic!("writer {w}: {e}"));
+        // 3,000 + 2 x 200 bytes in a 4 KiB staging buffer: the segment is created and written.
+        for k in 0..3 {
+            let len = if k == 0 { 3000 } else { 200 };
+            wr.write(Bytes::from(record(w * 4 + k, len)))
+                .unwrap_or_else(|e| panic!("writer {w} record {k}: {e}"));
+        }
+        writers.push(wr);
+    }
+    assert!(spillring::testing::fd_stats(&engine).open <= (SOFT / 2) as usize);
+    // The host's own opens: 64 at once, all must succeed.
+    let host: Vec<_> = (0..64)
+        .map(|i| {
+            std::fs::File::open("/proc/self/stat")
+                .unwrap_or_else(|e| panic!("the host's open {i} failed: {e}"))
+        })
+        .collect();
+    drop(host);
+    let states: Vec<_> = writers.into_iter().map(|w| w.finish().unwrap()).collect();
+    for (i, st) in states.iter().enumerate() {
+        assert_eq!(st.records(), 3, "state {i}");
+    }
+    drop(states);
+    task.close();
+    assert!(engine.settle(Duration::from_secs(30)));
 }

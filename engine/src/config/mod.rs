@@ -335,7 +335,9 @@ impl EngineConfig {
     /// write completes. When the OS has no descriptor left (EMFILE/ENFILE, e.g. a soft
     /// `RLIMIT_NOFILE` below this bound), the engine closes an idle fd of its own and retries;
     /// with none it can close, the call fails with [`SpillError::TooManyOpenFiles`].
-    /// Default 1,024. Bounds: 1..=1,048,576.
+    /// The engine leaves the host headroom: it holds at most half of the process's soft
+    /// `RLIMIT_NOFILE` as it is at `Engine::open` (so under `ulimit -n 256` the bound is 128,
+    /// whatever this says). Default 1,024. Bounds: 1..=1,048,576.
     pub fn max_open_files(mut self, n: usize) -> Self {
         self.max_open_files = n;
         self

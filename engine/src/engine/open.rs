@@ -216,7 +216,8 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         fault: cfg.fault_plan.clone(),
         deadline: Arc::default(),
         reaper: reaper.clone(),
-        max_open_files: cfg.max_open_files,
+        // Leaves the host half of the soft fd limit (read once, here).
+        max_open_files: crate::sys::fd_bound(cfg.max_open_files, crate::sys::nofile_soft()),
         page_cache_writes: cfg.mode == crate::config::WriteMode::Buffered,
     };
     match cfg.backend {
