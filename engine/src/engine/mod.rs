@@ -150,9 +150,7 @@ impl Engine {
         // the cleanup worker never leaves at zero (see `CleanupQueue::outstanding`); a job
         // queues its deletes before it counts itself ended, so the order of the two reads
         // holds.
-        let ok = wait_until(deadline, || {
-            core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
-        });
+        let ok = wait_until(deadline, || shutdown::no_delete_work_left(core));
         core.io.reaper().flush();
         ok
     }

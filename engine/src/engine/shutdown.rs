@@ -42,9 +42,7 @@ impl EngineInner {
         // does. A job queues its deletes before it counts itself ended, so this order of the
         // two reads holds (issue 25, item 1: before, this looked only at queued deletes and
         // reported drained while such a job's file stayed on disk).
-        let drained = wait_until(deadline, || {
-            core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
-        });
+        let drained = wait_until(deadline, || no_delete_work_left(core));
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
         core.store.cleanup.stop();
@@ -107,6 +105,13 @@ impl Drop for EngineInner {
 
 /// How long a shutdown waits for the reaper's closes past an already-spent budget.
 const REAPER_GRACE: Duration = Duration::from_millis(20);
+
+/// No offload job running and no delete work outstanding: what `shutdown` and
+/// `Engine::settle` wait for. The jobs are read first (a job queues its deletes before it
+/// counts itself ended).
+pub(super) fn no_delete_work_left(core: &crate::core::Core) -> bool {
+    core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
+}
 
 pub(super) fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
     loop {
