@@ -169,11 +169,11 @@ pub(crate) fn delete_mark(core: &Core) -> u64 {
 /// when the error returns unless the device takes longer than this to free it.
 pub(crate) const FREED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Waits (up to [`FREED_WAIT`]) until every delete queued before `mark` has an outcome and
-/// the reaper closed what those files held (the last close of a deleted file frees its
-/// blocks): the space of the files deleted is back. True if it is.
-pub(crate) fn wait_freed(core: &Core, mark: u64) -> bool {
-    let deadline = std::time::Instant::now() + FREED_WAIT;
+/// Waits (until `deadline`, at most [`FREED_WAIT`] from the failure) until every delete
+/// queued before `mark` has an outcome and the reaper closed what those files held (the last
+/// close of a deleted file frees its blocks): the space of the files deleted is back. True if
+/// it is. The caller first waits for its own writes in flight, which hold their files too.
+pub(crate) fn wait_freed(core: &Core, mark: u64, deadline: std::time::Instant) -> bool {
     core.store.delete_marks.wait_reached(mark, deadline) && core.io.reaper().flush_until(deadline)
 }
 

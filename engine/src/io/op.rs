@@ -281,8 +281,8 @@ impl Op {
         }
     }
 
-    /// Reports the outcome to the op's sink, then drops the op (its buffer and file: the
-    /// kernel is done with them). A panic in the sink (a host's waker, a debug assertion) is
+    /// Drops the op (its buffer and file: the kernel is done with them), then reports the
+    /// outcome to its sink. A panic in the sink (a host's waker, a debug assertion) is
     /// caught and logged: it must not take down an I/O thread, whose other ops' waiters would
     /// otherwise wait forever. Sinks update their own state before anything that can panic
     /// (a writer's in-flight count before its waker), so their waiters still see the outcome.
@@ -296,10 +296,15 @@ impl Op {
             return;
         }
         let Op { kind, sink, token } = self;
+        // The op lets go of its file and buffer before its outcome is out: a sink that counts
+        // the op done knows its fd was handed to the reaper (if this was the last user), so
+        // a flush of the reaper after that closes it. A writer failing with `StorageFull`
+        // relies on this to return only once its files' space is back (issue 25; before, an
+        // fd the op still held was closed after the flush).
+        drop(kind);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             sink.complete(token, res);
         }));
-        drop(kind);
         if let Err(p) = r {
             let what = p
                 .downcast_ref::<&str>()
@@ -408,6 +413,49 @@ mod claim_tests {
             sink: sink.clone(),
             token: 0,
         }
+    }
+
+    /// Sees, when it hears an outcome, whether the op's file is still held by anyone.
+    struct FileGone(
+        std::sync::Weak<FileHandle>,
+        parking_lot::Mutex<Option<bool>>,
+    );
+
+    impl OpSink for FileGone {
+        fn complete(&self, _token: u64, _res: io::Result<usize>) {
+            *self.1.lock() = Some(self.0.strong_count() == 0);
+        }
+    }
+
+    /// An op lets go of its file before its sink hears the outcome: a writer that counts
+    /// its last write done, then flushes the reaper, knows the fd was closed (the space of a
+    /// deleted segment is back when `StorageFull` returns; issue 25). Before, the sink heard
+    /// first and the fd went to the reaper after its flush.
+    #[test]
+    fn an_op_lets_go_of_its_file_before_its_outcome_is_heard() {
+        let file = FileHandle::new(
+            OwnedFd::from(tempfile::tempfile().unwrap()),
+            Reaper::inline(),
+        );
+        let sink = Arc::new(FileGone(Arc::downgrade(&file), Default::default()));
+        let op = Op {
+            kind: OpKind::Write {
+                file,
+                offset: 0,
+                data: WriteData::Framed {
+                    frame: [0; LARGE_PREFIX_LEN],
+                    payload: Bytes::from_static(b"x"),
+                },
+            },
+            sink: sink.clone(),
+            token: 1,
+        };
+        op.complete(Ok(1));
+        assert_eq!(
+            *sink.1.lock(),
+            Some(true),
+            "the sink heard before the file was let go"
+        );
     }
 
     /// A claim resolves to the op in its slot once; after that (or after the submitter took

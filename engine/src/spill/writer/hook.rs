@@ -289,6 +289,18 @@ pub(super) struct TrackState {
 }
 
 impl Tracker {
+    /// Waits until none of the writer's writes is in flight, or until `deadline`; true if
+    /// none is. An op lets go of its file before it counts itself done (`Op::complete`).
+    pub(super) fn wait_idle(&self, deadline: std::time::Instant) -> bool {
+        let mut s = self.st.lock();
+        while s.inflight > 0 {
+            if self.cv.wait_until(&mut s, deadline).timed_out() {
+                return s.inflight == 0;
+            }
+        }
+        true
+    }
+
     fn op_done(&self, token: u64, res: io::Result<usize>) {
         let waker = {
             let mut s = self.st.lock();

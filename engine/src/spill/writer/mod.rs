@@ -62,7 +62,7 @@ mod stream;
 pub use slot::RecordSlot;
 
 use block::Blocks;
-use hook::WriterShared;
+use hook::{Tracker, WriterShared};
 use place::Placing;
 use sink::OpenSegment;
 
@@ -411,7 +411,7 @@ impl SpillWriter {
     fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
         let (r, freeing) = self.route(r);
         if let Some(mark) = freeing {
-            crate::cleanup::wait_freed(&self.ctx.core, mark);
+            space_back(&self.ctx.core, &self.ctx.shared.tracker, mark);
         }
         r
     }
@@ -422,8 +422,9 @@ impl SpillWriter {
         let (r, freeing) = self.route(r);
         if let Some(mark) = freeing {
             let core = self.ctx.core.clone();
+            let tracker = self.ctx.shared.tracker.clone();
             let mut job = self.ctx.core.io.offload().run(move || {
-                crate::cleanup::wait_freed(&core, mark);
+                space_back(&core, &tracker, mark);
             });
             poll_fn(|cx| job.poll(cx)).await;
         }
@@ -555,6 +556,14 @@ impl SpillWriter {
         self.blocks.staging = None;
         self.seg = None;
     }
+}
+
+/// After a `StorageFull` failure: waits (up to `FREED_WAIT`) until the writer's writes still
+/// in flight ended (each holds its segment's fd), then until its deletes queued before `mark`
+/// are done and the reaper closed their fds. True if the space is back.
+fn space_back(core: &Core, tracker: &Tracker, mark: u64) -> bool {
+    let deadline = Instant::now() + crate::cleanup::FREED_WAIT;
+    tracker.wait_idle(deadline) && crate::cleanup::wait_freed(core, mark, deadline)
 }
 
 fn check_len(len: usize) -> Result<()> {
