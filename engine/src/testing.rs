@@ -231,3 +231,9 @@ pub fn set_cooperative_yield(on: bool) {
 pub fn decode_buffers_kept() -> usize {
     crate::io::DECODE_POOL.kept()
 }
+
+/// Bytes (capacity) the process-wide decode pool keeps now: at most 64 MiB, and none once
+/// the last engine was dropped.
+pub fn decode_bytes_kept() -> usize {
+    crate::io::DECODE_POOL.kept_bytes()
+}

@@ -112,6 +112,7 @@ impl Engine {
         };
         // The open can no longer fail: now claim the directories of dead engines.
         crate::cleanup::sweep::claim_dead_engines(&core);
+        crate::io::DECODE_POOL.engine_opened();
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 core,

@@ -100,6 +100,8 @@ impl Drop for EngineInner {
                 "spillring engine dropped with cleanup left; the next open sweeps it"
             );
         }
+        // The last engine empties the decode pool (issue 25, item 2).
+        crate::io::DECODE_POOL.engine_closed();
     }
 }
 

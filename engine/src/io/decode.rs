@@ -1,41 +1,104 @@
 //! The process-wide pool of buffers that readers decode compressed blocks into.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use parking_lot::Mutex;
 
 /// Buffers that compressed blocks are decoded into, reused: a reader takes one per compressed
 /// block and hands out `Bytes` into it; the last `Bytes` dropped gives it back. Process-wide
-/// (readers without an engine use it too), keeping at most [`DECODE_RETAIN`] buffers.
-pub(crate) static DECODE_POOL: DecodePool = DecodePool {
-    free: parking_lot::const_mutex(Vec::new()),
-};
+/// (readers without an engine use it too). Bounded in bytes, not only in count (issue 25,
+/// item 2: one encrypted 256 MiB record read once kept 256 MiB for the life of the process):
+/// it keeps at most [`DECODE_RETAIN`] buffers of at most [`DECODE_RETAIN_BYTES`] in all, a
+/// buffer larger than that is freed when its last record drops, and it keeps nothing while
+/// no engine is open (the last engine dropped empties it).
+pub(crate) static DECODE_POOL: DecodePool = DecodePool::new();
 
 /// Buffers the decode pool keeps for reuse.
 pub(crate) const DECODE_RETAIN: usize = 16;
 
+/// Bytes (capacity) the decode pool keeps in all: the largest staging buffer, so one block
+/// of any valid `io_buffer_size` (or 16 of the default 1 MiB) is decoded with no allocation.
+pub(crate) const DECODE_RETAIN_BYTES: usize = 64 << 20;
+
 /// See [`DECODE_POOL`].
 #[derive(Debug)]
 pub(crate) struct DecodePool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Kept>,
+    /// Engines open in the process: the pool keeps buffers only while one is.
+    engines: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Kept {
+    bufs: Vec<Vec<u8>>,
+    /// The kept buffers' capacity in all.
+    bytes: usize,
 }
 
 impl DecodePool {
+    const fn new() -> Self {
+        DecodePool {
+            free: parking_lot::const_mutex(Kept {
+                bufs: Vec::new(),
+                bytes: 0,
+            }),
+            engines: AtomicUsize::new(0),
+        }
+    }
+
     /// A zero-filled buffer of `len` bytes (a reused one when there is one large enough).
     pub(crate) fn take(&'static self, len: usize) -> Decoded {
         let mut v = {
             let mut f = self.free.lock();
-            match f.iter().position(|b| b.capacity() >= len) {
-                Some(i) => f.swap_remove(i),
-                None => f.pop().unwrap_or_default(),
-            }
+            let i = f.bufs.iter().position(|b| b.capacity() >= len);
+            let v = match i {
+                Some(i) => f.bufs.swap_remove(i),
+                None => f.bufs.pop().unwrap_or_default(),
+            };
+            f.bytes -= v.capacity();
+            v
         };
         v.clear();
         v.resize(len, 0);
         Decoded { v, pool: self }
     }
 
+    fn give_back(&self, v: Vec<u8>) {
+        if self.engines.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut f = self.free.lock();
+        if f.bufs.len() < DECODE_RETAIN && f.bytes + v.capacity() <= DECODE_RETAIN_BYTES {
+            f.bytes += v.capacity();
+            f.bufs.push(v);
+        }
+    }
+
+    /// An engine opened: the pool may keep buffers.
+    pub(crate) fn engine_opened(&self) {
+        self.engines.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An engine was dropped; the last one empties the pool.
+    pub(crate) fn engine_closed(&self) {
+        if self.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let bufs = {
+                let mut f = self.free.lock();
+                f.bytes = 0;
+                std::mem::take(&mut f.bufs)
+            };
+            drop(bufs);
+        }
+    }
+
     /// Buffers kept now.
     pub(crate) fn kept(&self) -> usize {
-        self.free.lock().len()
+        self.free.lock().bufs.len()
+    }
+
+    /// Bytes (capacity) kept now.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.free.lock().bytes
     }
 }
 
@@ -60,10 +123,56 @@ impl AsRef<[u8]> for Decoded {
 
 impl Drop for Decoded {
     fn drop(&mut self) {
-        let v = std::mem::take(&mut self.v);
-        let mut f = self.pool.free.lock();
-        if f.len() < DECODE_RETAIN {
-            f.push(v);
-        }
+        self.pool.give_back(std::mem::take(&mut self.v));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn pool() -> &'static DecodePool {
+        Box::leak(Box::new(DecodePool::new()))
+    }
+
+    /// The pool keeps buffers up to its byte bound, never one larger than it, and reuses
+    /// what it kept.
+    #[test]
+    fn the_pool_is_bounded_in_bytes_and_frees_large_buffers() {
+        let p = pool();
+        p.engine_opened();
+        drop(p.take(DECODE_RETAIN_BYTES + 1));
+        assert_eq!(
+            (p.kept(), p.kept_bytes()),
+            (0, 0),
+            "a buffer past the bound is freed"
+        );
+        let held: Vec<Decoded> = (0..3).map(|_| p.take(24 << 20)).collect();
+        drop(held);
+        assert_eq!(p.kept(), 2, "two of 24 MiB fit 64 MiB, the third does not");
+        assert!(p.kept_bytes() <= DECODE_RETAIN_BYTES && p.kept_bytes() >= 48 << 20);
+        let again = p.take(1 << 20);
+        assert_eq!(p.kept(), 1, "a kept buffer is reused");
+        assert!(again.as_ref().iter().all(|&b| b == 0) && again.as_ref().len() == 1 << 20);
+        drop(again);
+        let small: Vec<Decoded> = (0..DECODE_RETAIN + 4).map(|_| p.take(4096)).collect();
+        drop(small);
+        assert_eq!(p.kept(), DECODE_RETAIN, "and at most DECODE_RETAIN buffers");
+    }
+
+    /// The last engine closed empties the pool, and with no engine open nothing is kept.
+    #[test]
+    fn the_last_engine_empties_the_pool() {
+        let p = pool();
+        p.engine_opened();
+        p.engine_opened();
+        drop(p.take(1 << 20));
+        p.engine_closed();
+        assert_eq!(p.kept(), 1, "one engine is still open");
+        let held = p.take(1 << 20);
+        p.engine_closed();
+        assert_eq!((p.kept(), p.kept_bytes()), (0, 0));
+        drop(held);
+        assert_eq!(p.kept(), 0, "no engine open: a buffer given back is freed");
     }
 }
