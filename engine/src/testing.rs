@@ -214,6 +214,12 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
     }
 }
 
+/// Segment maps kept with pooled files now, and their mapped bytes (within
+/// `max_read_memory`; see `io/keptmap.rs`).
+pub fn kept_maps(engine: &crate::Engine) -> (usize, u64) {
+    engine.io_handle().kept_maps().held()
+}
+
 /// Ops the I/O lanes' channels have room for now, summed over the lanes (0: a submit to any
 /// of them finds it full).
 pub fn lane_room(engine: &crate::Engine) -> usize {

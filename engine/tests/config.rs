@@ -129,6 +129,8 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         }),
         ("read_buffer_max 0", |c| c.read_buffer_max(0)),
         ("read_buffer_max max", |c| c.read_buffer_max(64 << 20)),
+        ("max_read_memory 0", |c| c.max_read_memory(0)),
+        ("max_read_memory max", |c| c.max_read_memory(1 << 40)),
         ("max_open_files min", |c| c.max_open_files(1)),
         ("max_open_files max", |c| c.max_open_files(MAX_OPEN_FILES)),
         ("pool off", |c| c.pool_max_segments(0)),
@@ -150,6 +152,17 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
         assert!(cfg.validate().is_ok(), "{name}: {:?}", cfg.validate());
         opens_and_spills(name, cfg, dir.path());
     }
+}
+
+#[test]
+fn max_read_memory_past_its_bound_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let err =
+        Engine::open(EngineConfig::new(dir.path()).max_read_memory((1 << 40) + 1)).unwrap_err();
+    assert!(
+        matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_read_memory")),
+        "{err}"
+    );
 }
 
 #[test]

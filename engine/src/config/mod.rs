@@ -65,6 +65,7 @@ pub struct EngineConfig {
     pub(crate) pool_max_segments: usize,
     pub(crate) pool_max_bytes: u64,
     pub(crate) read_buffer_max: usize,
+    pub(crate) max_read_memory: usize,
     pub(crate) max_open_files: usize,
     pub(crate) root_skip: Duration,
     pub(crate) shutdown_budget: Duration,
@@ -78,6 +79,7 @@ pub struct EngineConfig {
 struct Explicit {
     segment_size: bool,
     io_buffer_size: bool,
+    max_read_memory: bool,
 }
 
 /// Default segment size (when no smaller quota is given).
@@ -125,6 +127,7 @@ impl EngineConfig {
             pool_max_segments: 256,
             pool_max_bytes: 1 << 30,
             read_buffer_max: 256 << 10,
+            max_read_memory: DEFAULT_MAX_BUFFER_MEMORY,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             root_skip: Duration::from_secs(30),
             shutdown_budget: Duration::from_secs(5),
@@ -324,6 +327,29 @@ impl EngineConfig {
     pub fn read_buffer_max(mut self, bytes: usize) -> Self {
         self.read_buffer_max = bytes;
         self
+    }
+
+    /// Engine-wide bound on the memory the engine keeps for reading between reads: the
+    /// segment maps kept with pooled files for the reader of their next use (their touched
+    /// pages count in the process's RSS) and the free read buffers (at most 8 of
+    /// `read_buffer_max`); a map past it is unmapped when its records go. What readers hold
+    /// while they read (the segment being read, the records the caller holds) is not kept and
+    /// not counted. Together with [`EngineConfig::max_buffer_memory`] this bounds what the
+    /// engine holds in memory; the process-wide pool that compressed and encrypted blocks
+    /// decode into keeps at most 64 MiB more, and nothing once the last engine is dropped.
+    /// Default: `max_buffer_memory` (one setting bounds both). Bounds: `0..=1 TiB` (0 keeps
+    /// no map).
+    pub fn max_read_memory(mut self, bytes: usize) -> Self {
+        self.max_read_memory = bytes;
+        self.explicit.max_read_memory = true;
+        self
+    }
+
+    /// Mapped bytes the kept maps may hold: `max_read_memory` less what the free read buffers
+    /// may hold.
+    pub(crate) fn kept_map_bytes(&self) -> u64 {
+        let bufs = crate::io::ReadBufs::RETAIN * self.read_buffer_max;
+        self.max_read_memory.saturating_sub(bufs) as u64
     }
 
     /// Most segment fds the engine holds at once, over every backend: open writers' fds, and

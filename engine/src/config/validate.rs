@@ -23,6 +23,9 @@ impl EngineConfig {
             let floor = q - q % DIRECT_ALIGN as u64;
             c.segment_size = DEFAULT_SEGMENT_SIZE.min(floor).max(MIN_SEGMENT_SIZE);
         }
+        if !c.explicit.max_read_memory {
+            c.max_read_memory = c.max_buffer_memory;
+        }
         if !c.explicit.io_buffer_size {
             c.io_buffer_size = usize::try_from(c.segment_size)
                 .unwrap_or(usize::MAX)
@@ -141,6 +144,12 @@ impl EngineConfig {
             return bad(format!(
                 "read_buffer_max: need 0..=67108864, got {}",
                 self.read_buffer_max
+            ));
+        }
+        if self.max_read_memory > MAX_BUFFER_MEMORY {
+            return bad(format!(
+                "max_read_memory: need 0..=1 TiB, got {}",
+                self.max_read_memory
             ));
         }
         if !(1..=MAX_OPEN_FILES).contains(&self.max_open_files) {

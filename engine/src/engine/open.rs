@@ -220,6 +220,7 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         // Leaves the host half of the soft fd limit (read once, here).
         max_open_files: crate::sys::fd_bound(cfg.max_open_files, crate::sys::nofile_soft()),
         page_cache_writes: cfg.mode == crate::config::WriteMode::Buffered,
+        max_kept_map_bytes: cfg.kept_map_bytes(),
     };
     match cfg.backend {
         BackendKind::Psync => IoHandle::start_psync(&setup),

@@ -81,6 +81,8 @@ pub(crate) struct IoSetup {
     pub reaper: Reaper,
     /// The bound on segment fds writers hold (`max_open_files`).
     pub max_open_files: usize,
+    /// The bound on mapped bytes kept with pooled files (`keptmap.rs`).
+    pub max_kept_map_bytes: u64,
     /// Page-cache writes (buffered mode): a ring thread makes them itself with `pwritev`
     /// rather than through io_uring, which cannot make them without blocking and hands each
     /// to an io-wq worker: two more thread wake-ups per write (see `uring/mod.rs`).
@@ -137,7 +139,7 @@ impl IoHandle {
             reaper: setup.reaper.clone(),
             fault: setup.fault.clone(),
             fds: FdCache::new(setup.max_open_files),
-            maps: Arc::default(),
+            maps: Arc::new(KeptMaps::new(setup.max_kept_map_bytes)),
             offload: Offload::new(),
         }
     }
