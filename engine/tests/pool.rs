@@ -26,6 +26,7 @@ per_backend!(
     cancels_racing_releases_into_the_pool_release_every_ticket_once,
     a_kept_map_serves_the_next_use_and_shows_only_it,
     publish_lets_go_of_a_kept_map,
+    a_lost_write_on_a_reused_file_reads_as_corrupt_not_as_its_last_use,
 );
 
 fn spill(task: &TaskSpill, first: u64, n: u64, len: usize) -> spillring::SpilledState {
@@ -451,4 +452,65 @@ fn publish_lets_go_of_a_kept_map(b: BackendKind) {
     task.close();
     std::fs::remove_dir_all(dest.path()).unwrap();
     assert_clean_and_unmapped(&engine, dir.path());
+}
+
+/// Issue 25, planted bugs: a lost write on a reused pooled file leaves the previous use's
+/// block at a valid offset, checksum and all; the generation bound into every block's CRC
+/// makes it damage, never that use's records. Records past `large_record_threshold` go out
+/// as one write each, one block each, at the same offsets in both uses (the writes: the
+/// first record's block, the segment header, then one per record); the second use's write
+/// of its second record is reported done and not made (fault `Skip` on the third write), so
+/// its file holds this use's header and first block, then the last use's second block,
+/// intact. Seen failing with the
+/// generation left out of the binding: the reader returned the first use's record as the
+/// second use's.
+fn a_lost_write_on_a_reused_file_reads_as_corrupt_not_as_its_last_use(b: BackendKind) {
+    const LEN: usize = 300 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = spillring::FaultPlan::new(5);
+    let engine = Engine::open(
+        pooled_cfg(dir.path(), b)
+            .segment_size(4 << 20)
+            .fault_plan(plan.clone()),
+    )
+    .unwrap();
+    let task = engine.task("lost-write").unwrap();
+    let first = spill(&task, 0, 3, LEN);
+    let path = first.paths()[0].clone();
+    assert_eq!(read_all(&first).len(), 3);
+    drop(first);
+    assert_eq!(engine.metrics().pool_segments, 1, "the segment was pooled");
+    plan.arm(
+        spillring::FaultPoint::IoWrite,
+        spillring::FaultAction::Skip,
+        spillring::Trigger::After { skip: 2, times: 1 },
+    );
+    let second = spill(&task, 1000, 3, LEN);
+    assert_eq!(second.paths(), vec![path], "the pooled file was reused");
+    let mut r = second.reader().unwrap();
+    let mut n = 0u64;
+    let err = loop {
+        match r.next_record() {
+            Ok(Some(rec)) => {
+                assert!(
+                    rec[..] == record(1000 + n, LEN)[..],
+                    "record {n} of the second use is not its own (the first use's block read as this use's)"
+                );
+                n += 1;
+            }
+            Ok(None) => panic!("read all {n} records: the lost write went unnoticed"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        n, 1,
+        "the first record is this use's, the second the damage"
+    );
+    assert!(
+        matches!(&err, SpillError::Corrupt { segment: 0, offset, .. } if *offset > 64),
+        "want Corrupt at the second block of segment 0, got {err}"
+    );
+    drop((r, second));
+    task.close();
+    assert_clean(&engine, dir.path());
 }
