@@ -20,6 +20,7 @@ per_backend!(
     async_writes_and_reads_of_encrypted_blocks_round_trip,
     recycled_segments_are_sealed_under_their_new_generation,
     a_large_encrypted_record_read_once_leaves_no_memory_held,
+    a_valid_plaintext_block_in_an_encrypted_segment_is_refused,
 );
 
 const MARKER: &[u8] = b"PLAINTEXT-MARKER-c0ffee-7f3a";
@@ -355,4 +356,66 @@ fn a_large_encrypted_record_read_once_leaves_no_memory_held(b: BackendKind) {
         base >> 20,
         after >> 20
     );
+}
+
+/// Issue 25, planted bugs: a block that is valid but not encrypted (the right segment, engine
+/// and generation in its binding, a good CRC) in an encrypted engine's segment is refused,
+/// never read as records: else anyone who can write the file could feed the reader records
+/// the engine never wrote. The refusal was made twice, in the reader's block walk and in
+/// `CurBlock::decode`, so removing either went unnoticed; it is made once now, in `decode`,
+/// and this test was seen failing with it removed (the forged records were returned).
+fn a_valid_plaintext_block_in_an_encrypted_segment_is_refused(b: BackendKind) {
+    let recs: Vec<Vec<u8>> = (0..200).map(|i| record(i, 1000)).collect();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .read_buffer_max(256 << 10)
+            .encryption(true),
+    )
+    .unwrap();
+    let task = engine.task("forged").unwrap();
+    let st = write_all(&task, &recs);
+    assert!(st.segments() > 2);
+    let path = &st.paths()[1];
+    let file = std::fs::read(path).unwrap();
+    let u32_at = |i: usize| u32::from_le_bytes(file[i..i + 4].try_into().unwrap());
+    let (segment, generation) = (u32_at(12), u32_at(24));
+    let engine_id = u64::from_le_bytes(file[16..24].try_into().unwrap());
+    assert_eq!(segment, 1);
+    // A plaintext segment of the same segment, engine and generation: its blocks are valid.
+    let forged_recs: Vec<Vec<u8>> = (0..5).map(|i| vec![b'F' + i as u8; 900]).collect();
+    let refs: Vec<&[u8]> = forged_recs.iter().map(|r| &r[..]).collect();
+    let plain =
+        spillring::testing::encode_segment_blocks(segment, engine_id, generation, &[(&refs, 0)]);
+    let parsed = spillring::testing::parse_segment(&plain, plain.len(), segment, engine_id);
+    assert_eq!(
+        parsed.records.len(),
+        5,
+        "the forged block is valid: {parsed:?}"
+    );
+    // This file's (encrypted) header, then the plaintext block, then the rest of the file.
+    let mut mixed = file.clone();
+    mixed[64..plain.len()].copy_from_slice(&plain[64..]);
+    std::fs::write(path, &mixed).unwrap();
+    let mut r = st.reader().unwrap();
+    let mut n = 0;
+    let err = loop {
+        match r.next_record() {
+            Ok(Some(g)) => {
+                assert!(
+                    g[..] == recs[n][..],
+                    "record {n} is not what was written (a forged one?)"
+                );
+                n += 1;
+            }
+            Ok(None) => panic!("read everything: the plaintext block went unnoticed"),
+            Err(e) => break e,
+        }
+    };
+    assert!(n > 0, "segment 0 reads first");
+    assert_corrupt_says(&err, 1, 64, "plaintext block");
+    drop(st);
+    task.close();
+    assert_clean(&engine, dir.path());
 }
