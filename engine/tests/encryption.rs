@@ -21,6 +21,7 @@ per_backend!(
     recycled_segments_are_sealed_under_their_new_generation,
     a_large_encrypted_record_read_once_leaves_no_memory_held,
     a_valid_plaintext_block_in_an_encrypted_segment_is_refused,
+    no_two_blocks_share_a_keystream,
 );
 
 const MARKER: &[u8] = b"PLAINTEXT-MARKER-c0ffee-7f3a";
@@ -417,5 +418,65 @@ fn a_valid_plaintext_block_in_an_encrypted_segment_is_refused(b: BackendKind) {
     assert_corrupt_says(&err, 1, 64, "plaintext block");
     drop(st);
     task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// The blocks (offset, stored bytes) of a segment file, walked by their headers.
+fn blocks_of(file: &[u8]) -> Vec<(usize, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = 64;
+    while off + 64 <= file.len() {
+        let h = &file[off..off + 64];
+        assert_eq!(&h[0..4], b"SRB2", "a block header at {off}");
+        let stored = u64::from_le_bytes(h[8..16].try_into().unwrap()) as usize;
+        let pad = u32::from_le_bytes(h[28..32].try_into().unwrap()) as usize;
+        out.push((off, &file[off + 64..off + 64 + stored]));
+        off += 64 + stored + pad;
+    }
+    out
+}
+
+/// Issue 25, planted bugs: nonce reuse failed only a unit test. Every block of two tasks of
+/// one encrypted engine holds the same plaintext (frames of zero-filled records), so two
+/// blocks sealed under one nonce would show the same ciphertext (AES-GCM's keystream): no
+/// two may. Seen failing with the nonce fixed (`format::crypt::nonce` ignoring its counter).
+fn no_two_blocks_share_a_keystream(b: BackendKind) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).encryption(true)).unwrap();
+    let zeros = vec![0u8; 1000];
+    let tasks = [engine.task("one").unwrap(), engine.task("two").unwrap()];
+    let states: Vec<SpilledState> = tasks
+        .iter()
+        .map(|t| {
+            let mut w = t.writer().unwrap();
+            for _ in 0..400 {
+                w.write_slice(&zeros).unwrap();
+            }
+            w.finish().unwrap()
+        })
+        .collect();
+    let mut seen = std::collections::HashMap::new();
+    let mut blocks = 0;
+    for st in &states {
+        for p in st.paths() {
+            let file = std::fs::read(&p).unwrap();
+            for (off, stored) in blocks_of(&file) {
+                // The first 1 KiB: a record frame and zeros in every block.
+                let head = stored[..1024.min(stored.len())].to_vec();
+                if let Some(other) = seen.insert(head, (p.clone(), off)) {
+                    panic!("{}@{off} and {other:?} share a keystream", p.display());
+                }
+                blocks += 1;
+            }
+        }
+    }
+    assert!(blocks >= 8, "{blocks} blocks");
+    for st in &states {
+        assert_eq!(st.reader().unwrap().count(), 400);
+    }
+    drop(states);
+    for t in tasks {
+        t.close();
+    }
     assert_clean(&engine, dir.path());
 }
