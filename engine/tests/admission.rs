@@ -10,6 +10,7 @@ use spillring::{BackendKind, Bytes, Engine, SpillError};
 per_backend!(
     ledger_full_refuses_the_next_rotation_and_reopens,
     a_record_larger_than_a_segment_gets_a_segment_of_its_own,
+    a_quota_admits_exactly_what_fits,
 );
 
 fn ledger_full_refuses_the_next_rotation_and_reopens(b: BackendKind) {
@@ -131,4 +132,41 @@ fn a_root_that_is_a_file_is_a_typed_error() {
         "{e}"
     );
     assert!(e.to_string().contains("file"), "{e}");
+}
+
+/// Issue 25, planted bugs: an off-by-one in the quota check failed only a unit test. Each
+/// writer's segment holds a ticket of a whole segment: a quota of exactly two segments admits
+/// two writers (a check of `>=` refused the second), and a quota one page short of three
+/// refuses the third (a check letting one page over admitted it). Seen failing with each of
+/// those two changes to `Ledger::take_pages`.
+fn a_quota_admits_exactly_what_fits(b: BackendKind) {
+    const SEG: u64 = 64 << 10;
+    for (quota, admitted) in [(2 * SEG, 2), (3 * SEG - 4096, 2), (3 * SEG, 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine =
+            Engine::open(cfg(dir.path(), b).segment_size(SEG).max_spill_bytes(quota)).unwrap();
+        let task = engine.task("quota").unwrap();
+        let mut writers = Vec::new();
+        let err = loop {
+            let mut w = task.writer().unwrap();
+            match w.write(Bytes::from(record(writers.len() as u64, 100))) {
+                Ok(()) => writers.push(w),
+                Err(e) => break e,
+            }
+            assert!(
+                writers.len() <= 3,
+                "quota {quota}: a fourth writer was admitted"
+            );
+        };
+        assert_eq!(writers.len(), admitted, "quota {quota}: {err}");
+        assert!(
+            matches!(err, SpillError::QuotaExceeded { .. }),
+            "quota {quota}: {err}"
+        );
+        let states: Vec<_> = writers.into_iter().map(|w| w.finish().unwrap()).collect();
+        assert!(states.iter().all(|s| s.records() == 1));
+        drop(states);
+        task.close();
+        assert_clean(&engine, dir.path());
+    }
 }
