@@ -27,6 +27,7 @@ per_backend!(
     a_kept_map_serves_the_next_use_and_shows_only_it,
     publish_lets_go_of_a_kept_map,
     a_lost_write_on_a_reused_file_reads_as_corrupt_not_as_its_last_use,
+    a_reused_file_holds_a_whole_segment_of_quota_while_written_again,
 );
 
 fn spill(task: &TaskSpill, first: u64, n: u64, len: usize) -> spillring::SpilledState {
@@ -511,6 +512,44 @@ fn a_lost_write_on_a_reused_file_reads_as_corrupt_not_as_its_last_use(b: Backend
         "want Corrupt at the second block of segment 0, got {err}"
     );
     drop((r, second));
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// Issue 25, planted bugs: a pooled file's ticket is shrunk to what its last use wrote; a
+/// writer that reuses it must hold a whole segment of quota again, as a new segment does, or
+/// the quota no longer bounds what is written. Under a quota of two segments and a page, the
+/// reused file and a new segment leave no room for a third writer; seen failing with the
+/// ticket left at its shrunk size (`grow_to` dropped from the reuse in `rotate.rs`): the
+/// reused file held 4 KiB of quota and the third writer was admitted.
+fn a_reused_file_holds_a_whole_segment_of_quota_while_written_again(b: BackendKind) {
+    const SEG: u64 = 256 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(pooled_cfg(dir.path(), b).max_spill_bytes(2 * SEG + 4096)).unwrap();
+    let task = engine.task("reuse-quota").unwrap();
+    drop(spill(&task, 0, 1, 100));
+    let m = engine.metrics();
+    assert_eq!(m.pool_segments, 1, "{m:?}");
+    assert_eq!(
+        m.spill_bytes_in_use, 4096,
+        "a pooled file holds what it wrote"
+    );
+    let mut reused = task.writer().unwrap();
+    reused.write(Bytes::from(record(1, 100))).unwrap();
+    let m = engine.metrics();
+    assert_eq!((m.pool_hits, m.pool_segments), (1, 0), "{m:?}");
+    assert_eq!(
+        m.spill_bytes_in_use, SEG,
+        "the reused file holds a whole segment again"
+    );
+    let mut fresh = task.writer().unwrap();
+    fresh.write(Bytes::from(record(2, 100))).unwrap();
+    let mut third = task.writer().unwrap();
+    let err = third.write(Bytes::from(record(3, 100))).unwrap_err();
+    assert!(matches!(err, SpillError::QuotaExceeded { .. }), "{err}");
+    let states = [reused.finish().unwrap(), fresh.finish().unwrap()];
+    assert!(states.iter().all(|s| s.records() == 1));
+    drop((states, third));
     task.close();
     assert_clean(&engine, dir.path());
 }
