@@ -408,6 +408,49 @@ mod tests {
             "the first error wins"
         );
     }
+
+    /// `wait_idle` returns at once with nothing in flight, waits for the last completion,
+    /// and gives up at its deadline (false) while writes are still in flight.
+    #[test]
+    fn wait_idle_waits_for_the_last_write_or_its_deadline() {
+        use std::time::{Duration, Instant};
+        let t = Arc::new(Tracker::default());
+        let start = Instant::now();
+        assert!(t.wait_idle(start + Duration::from_secs(5)));
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "nothing in flight: no wait"
+        );
+
+        t.st.lock().inflight = 2;
+        let start = Instant::now();
+        assert!(
+            !t.wait_idle(start + Duration::from_millis(30)),
+            "two still in flight"
+        );
+        assert!(start.elapsed() >= Duration::from_millis(30));
+
+        let done = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                t.complete(1, Ok(1));
+                std::thread::sleep(Duration::from_millis(20));
+                t.complete(2, Ok(1));
+            })
+        };
+        let start = Instant::now();
+        assert!(
+            t.wait_idle(start + Duration::from_secs(5)),
+            "both completed"
+        );
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(40) && waited < Duration::from_secs(4),
+            "{waited:?}"
+        );
+        done.join().unwrap();
+    }
 }
 
 #[cfg(all(test, loom))]
