@@ -154,8 +154,11 @@ fn a_taken_kth_name_moves_nothing_and_the_state_reads_on(b: BackendKind) {
     assert!(st.paths().iter().all(|p| p.exists()));
     assert_eq!(engine.metrics().tickets_used, 5);
     read_all(&st);
-    // The caller retries with another prefix.
-    let paths = st.publish(dest.path(), "retry").unwrap();
+    // The caller retries with another prefix (`publish` takes any `AsRef<Path>`, like
+    // `EngineConfig::new`: a `String` here).
+    let paths = st
+        .publish(dest.path().display().to_string(), "retry")
+        .unwrap();
     assert_eq!(paths.len(), 5);
     read_published(&paths);
     drop(st);

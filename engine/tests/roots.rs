@@ -16,6 +16,7 @@ per_backend!(
     a_root_that_is_a_regular_file_is_refused_by_name_and_the_open_leaves_nothing,
     a_read_only_root_is_skipped_at_open_with_a_warning_and_a_metric,
     with_no_working_root_the_open_fails_with_the_first_roots_error,
+    the_skip_warning_is_printed_only_when_another_root_works,
 );
 
 fn write_and_check(engine: &Engine, id: &str, n: u64, len: usize) {
@@ -317,4 +318,44 @@ fn with_no_working_root_the_open_fails_with_the_first_roots_error(b: BackendKind
         "{e:?}"
     );
     assert!(dirs_under(&ro1).is_empty() && dirs_under(&ro2).is_empty());
+}
+
+/// Log lines written while `f` runs on this thread.
+fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let out = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || out.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let r = tracing::subscriber::with_default(sub, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+    (r, text)
+}
+
+/// Issue 25: "this engine skips it" was logged for the only root, whose open then failed.
+/// The warning is for a root skipped while another works; when none works the open fails
+/// and says so itself.
+fn the_skip_warning_is_printed_only_when_another_root_works(b: BackendKind) {
+    let (_holder, ro) = private_tmpfs("1m", true);
+    let (r, logs) = logs_of(|| Engine::open(cfg(&ro, b)));
+    assert!(r.is_err());
+    assert!(!logs.contains("skips it"), "{logs}");
+    let healthy = tempfile::tempdir().unwrap();
+    let (r, logs) = logs_of(|| Engine::open(cfg(&ro, b).add_root(healthy.path())));
+    let engine = r.unwrap();
+    assert_eq!(logs.matches("skips it").count(), 1, "{logs}");
+    assert!(logs.contains(&*ro.to_string_lossy()), "{logs}");
+    drop(engine);
 }

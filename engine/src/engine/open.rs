@@ -161,6 +161,7 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
         unusable: 0,
     };
     let mut first_err = None;
+    let mut skipped = Vec::new();
     for root in &cfg.roots {
         let made = proc::prepare_root(root).and_then(|created| {
             match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
@@ -182,15 +183,19 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
                 return Err(e);
             }
             Err(e) => {
-                tracing::warn!(root = %root.display(), error = %e,
-                    "spill root unusable at open; this engine skips it");
                 o.unusable += 1;
+                skipped.push((root.clone(), e.to_string()));
                 first_err.get_or_insert(e);
             }
         }
     }
     if o.proc_dirs.is_empty() {
+        // No root works: the open fails with the first root's error, and nothing is skipped.
         return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig("roots: none".into())));
+    }
+    for (root, error) in skipped {
+        tracing::warn!(root = %root.display(), error = %error,
+            "spill root unusable at open; this engine skips it");
     }
     Ok(o)
 }

@@ -145,7 +145,7 @@ impl SpilledState {
     /// Moves the segment files into `dest`, named `<prefix>-NNNNNN.bin`, with the engine's
     /// private mode (0600): [`SpilledState::publish_with`] with the default
     /// [`PublishOptions`].
-    pub fn publish(&self, dest: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+    pub fn publish(&self, dest: impl AsRef<Path>, prefix: &str) -> Result<Vec<PathBuf>> {
         self.publish_with(dest, prefix, PublishOptions::default())
     }
 
@@ -193,10 +193,11 @@ impl SpilledState {
     /// ```
     pub fn publish_with(
         &self,
-        dest: &Path,
+        dest: impl AsRef<Path>,
         prefix: &str,
         opts: PublishOptions,
     ) -> Result<Vec<PathBuf>> {
+        let dest = dest.as_ref();
         let inner = self.inner();
         if inner.core().key.is_some() {
             return Err(SpillError::PublishEncrypted);
