@@ -19,6 +19,7 @@ per_backend!(
     a_quota_of_one_segment_refuses_a_second_writer_and_says_why,
     write_all_stops_at_the_first_error_and_the_counts_say_how_far,
     usage_reports_what_each_scope_holds,
+    a_writer_logs_its_close_once_with_its_segments,
 );
 
 const T: Duration = Duration::from_secs(10);
@@ -318,7 +319,11 @@ fn usage_reports_what_each_scope_holds(b: BackendKind) {
     let u = task.usage();
     assert_eq!(u.files, w.segments() as u64);
     assert!(u.files >= 2, "{u:?}");
-    assert!(u.bytes >= 600 * 1000, "{u:?}");
+    // The open segment counts what was handed to its writes (the staging buffer's 64 KiB at
+    // most are not yet), not the whole segment its ticket reserves (issue 25: it counted
+    // 256 KiB for it, so 600 KB written read as about 768 KiB).
+    assert!(u.bytes + (64 << 10) >= 600 * 1000, "{u:?}");
+    assert!(u.bytes <= 600 * 1000 + (32 << 10), "{u:?}");
     let st = w.finish().unwrap();
     let u = task.usage();
     assert_eq!((u.files, u.writers, u.states), (st.segments() as u64, 0, 1));
@@ -331,5 +336,38 @@ fn usage_reports_what_each_scope_holds(b: BackendKind) {
     assert_eq!(consumer.usage(), SpillUsage::default());
     task.close();
     consumer.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// Issue 25, tracing: a writer's lifecycle is visible at `debug` with a default `fmt`
+/// subscriber (an event when it closes, with its segments, records, bytes and outcome), and
+/// its span records `segments` once, at close: a `fmt` subscriber appends every `record`,
+/// and one per rotation printed `segments=1 segments=2 ...` on every line.
+fn a_writer_logs_its_close_once_with_its_segments(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let task = engine.task("logged").unwrap();
+    let (st, logs) = logs_of(|| {
+        let mut w = task.writer().unwrap();
+        for i in 0..600 {
+            w.write(Bytes::from(record(i, 1000))).unwrap();
+        }
+        w.finish().unwrap()
+    });
+    let n = st.segments();
+    assert!(n >= 3, "{n} segments");
+    let closed: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("spill writer closed"))
+        .collect();
+    assert_eq!(closed.len(), 1, "{logs}");
+    assert!(closed[0].contains(&format!("segments={n}")), "{logs}");
+    assert!(
+        closed[0].contains("records=600") && closed[0].contains("outcome=\"finished\""),
+        "{logs}"
+    );
+    assert!(!logs.contains("segments=1 segments=2"), "{logs}");
+    drop(st);
+    task.close();
     assert_clean(&engine, dir.path());
 }

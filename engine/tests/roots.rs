@@ -320,30 +320,6 @@ fn with_no_working_root_the_open_fails_with_the_first_roots_error(b: BackendKind
     assert!(dirs_under(&ro1).is_empty() && dirs_under(&ro2).is_empty());
 }
 
-/// Log lines written while `f` runs on this thread.
-fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let out = buf.clone();
-    let sub = tracing_subscriber::fmt()
-        .with_writer(move || out.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let r = tracing::subscriber::with_default(sub, f);
-    let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
-    (r, text)
-}
-
 /// Issue 25: "this engine skips it" was logged for the only root, whose open then failed.
 /// The warning is for a root skipped while another works; when none works the open fails
 /// and says so itself.

@@ -157,3 +157,43 @@ impl CurBlock {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn header(codec: u8, raw: u64) -> BlockHeader {
+        BlockHeader {
+            codec,
+            stored: 16,
+            raw,
+            records: 1,
+            pad: 0,
+            encrypted: false,
+        }
+    }
+
+    fn decode(h: BlockHeader) -> std::result::Result<CurBlock, &'static str> {
+        CurBlock::decode(
+            h,
+            Bytes::from(vec![0u8; 16]),
+            64,
+            &Counters::default(),
+            None,
+        )
+    }
+
+    /// A compressed block claiming a decoded length past 1 GiB is refused before anything is
+    /// allocated for it; exactly 1 GiB is not refused for its length (its bytes then fail to
+    /// decode), and a raw block's length is never a decoded length. (The planted-bug run of
+    /// cargo-mutants found no test reaching this check.)
+    #[test]
+    fn a_decoded_length_past_1_gib_is_refused() {
+        const PAST: &str = "compressed block claims a decoded length past 1 GiB";
+        assert_eq!(decode(header(1, MAX_DECODED + 1)).err(), Some(PAST));
+        assert_eq!(decode(header(2, u64::MAX)).err(), Some(PAST));
+        let at = decode(header(1, MAX_DECODED)).err();
+        assert!(at.is_some() && at != Some(PAST), "{at:?}");
+        assert!(decode(header(0, MAX_DECODED + 1)).err() != Some(PAST));
+    }
+}

@@ -300,3 +300,27 @@ pub fn private_tmpfs(size: &str, read_only: bool) -> (tempfile::TempDir, PathBuf
     assert_eq!(r, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
     (holder, mnt)
 }
+
+/// Log lines written while `f` runs on this thread.
+pub fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let out = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(move || out.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let r = tracing::subscriber::with_default(sub, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+    (r, text)
+}

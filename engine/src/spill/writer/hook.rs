@@ -157,6 +157,10 @@ pub(super) struct WriterShared {
     /// The write a blocking `finish` may take back while it is still queued (see
     /// `io::OpSlot`); kept with the shell like the tracker.
     pub(super) claim: Arc<OpSlot>,
+    /// Bytes handed to writes in the open segment (its length so far), for the scope's
+    /// usage: the open segment counts what it holds, not the whole segment its ticket
+    /// reserves.
+    pub(super) open_written: std::sync::atomic::AtomicU64,
 }
 
 impl WriterShared {
@@ -188,6 +192,7 @@ impl WriterShared {
             files: AbortableFiles::with_list(list),
             tracker,
             claim,
+            open_written: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -237,8 +242,10 @@ impl OpSink for Tracker {
 impl Member for WriterShared {
     fn usage(&self) -> crate::spill::task::SpillUsage {
         let l = self.files.lock();
-        // An open segment's length is set when it is sealed: until then it counts what its
-        // ticket holds (its allocation, or the reservation of a whole segment).
+        // An open segment's length is set when it is sealed: until then it counts what was
+        // handed to its writes, or its allocation when larger (direct mode, `preallocate`).
+        // Before, it counted the reservation of a whole segment (issue 25).
+        let open = self.open_written.load(std::sync::atomic::Ordering::Relaxed);
         let bytes = l
             .entries
             .iter()
@@ -246,7 +253,7 @@ impl Member for WriterShared {
                 if e.len > 0 {
                     e.len.max(e.allocated)
                 } else {
-                    e.reserved()
+                    open.max(e.allocated)
                 }
             })
             .sum();

@@ -151,6 +151,8 @@ struct Ctx {
 struct Counts {
     records: u64,
     bytes: u64,
+    /// Segments opened (created or reused), for the span at close.
+    segments: u64,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -189,7 +191,8 @@ impl SpillWriter {
             .map_err(|_| task.closed_error())?;
         let cfg = &core.cfg;
         let span = tracing::debug_span!(parent: &task.span, "spillring.writer",
-            segments = 0u64, records = 0u64, bytes = 0u64, outcome = tracing::field::Empty);
+            segments = tracing::field::Empty, records = tracing::field::Empty,
+            bytes = tracing::field::Empty, outcome = tracing::field::Empty);
         Ok(SpillWriter {
             span,
             blocks: Blocks::new(cfg.compression),
@@ -504,7 +507,6 @@ impl SpillWriter {
         let Some(entries) = self.ctx.shared.files.take_for_hand_off() else {
             return Err(self.observe_abort());
         };
-        self.span.record("segments", entries.len() as u64);
         self.life = Life::Finished;
         let task_plan = self.ctx.task.fault_plan();
         let _ = fault::check2(
@@ -593,9 +595,14 @@ impl Drop for SpillWriter {
                 _ if self.ctx.task.is_cancelled() => "aborted",
                 _ => "failed",
             };
-            self.span.record("records", self.counts.records);
-            self.span.record("bytes", self.counts.bytes);
+            // Each field once, at close (a `fmt` subscriber appends every `record`).
+            let c = &self.counts;
+            self.span.record("segments", c.segments);
+            self.span.record("records", c.records);
+            self.span.record("bytes", c.bytes);
             self.span.record("outcome", outcome);
+            tracing::debug!(parent: &self.span, segments = c.segments, records = c.records,
+                bytes = c.bytes, outcome, "spill writer closed");
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
         self.seg = None;

@@ -125,10 +125,8 @@ impl SpillWriter {
         ));
         self.blocks.staging = Some(buf);
         self.blocks.codec.root_fill = o.root_fill;
-        if !self.span.is_disabled() {
-            let n = self.ctx.shared.files.lock().entries.len() as u64;
-            self.span.record("segments", n);
-        }
+        self.counts.segments += 1;
+        (self.ctx.shared.open_written).store(0, std::sync::atomic::Ordering::Relaxed);
         self.seg = Some(OpenSegment {
             entry_index: o.entry_index,
             allocated: o.allocated,

@@ -302,6 +302,11 @@ impl SpillWriter {
         }
         let offset = seg.written;
         seg.written += len as u64;
+        // For the scope's usage: what the open segment holds (issue 25).
+        self.ctx
+            .shared
+            .open_written
+            .store(seg.written, std::sync::atomic::Ordering::Relaxed);
         // Counted in flight: a writer short of buffer budget may wait for it to come back.
         buf.mark_in_flight();
         let mut op = Op {
