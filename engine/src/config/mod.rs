@@ -345,13 +345,6 @@ impl EngineConfig {
         self
     }
 
-    /// Mapped bytes the kept maps may hold: `max_read_memory` less what the free read buffers
-    /// may hold.
-    pub(crate) fn kept_map_bytes(&self) -> u64 {
-        let bufs = crate::io::ReadBufs::RETAIN * self.read_buffer_max;
-        self.max_read_memory.saturating_sub(bufs) as u64
-    }
-
     /// Most segment fds the engine holds at once, over every backend: open writers' fds, and
     /// the fds sealed segments keep (a finished segment keeps its writer's fd, which its
     /// reader and, once the file is in the segment pool, the next writer use instead of

@@ -225,7 +225,11 @@ fn start_io(cfg: &EngineConfig, reaper: &Reaper) -> io::Result<IoHandle> {
         // Leaves the host half of the soft fd limit (read once, here).
         max_open_files: crate::sys::fd_bound(cfg.max_open_files, crate::sys::nofile_soft()),
         page_cache_writes: cfg.mode == crate::config::WriteMode::Buffered,
-        max_kept_map_bytes: cfg.kept_map_bytes(),
+        // `max_read_memory` less what the free read buffers may hold.
+        max_kept_map_bytes: cfg
+            .max_read_memory
+            .saturating_sub(crate::io::ReadBufs::RETAIN * cfg.read_buffer_max)
+            as u64,
     };
     match cfg.backend {
         BackendKind::Psync => IoHandle::start_psync(&setup),
