@@ -113,6 +113,22 @@ pub enum SpillError {
         source: io::Error,
     },
 
+    /// `BackendKind::Uring` was asked for and io_uring could not be set up: refused by a
+    /// seccomp profile (Docker's default: `EPERM`), not built into the kernel (`ENOSYS`),
+    /// turned off (`/proc/sys/kernel/io_uring_disabled`: `EPERM`) or short of locked memory
+    /// (`ENOMEM`). Nothing was created. `BackendKind::Auto` falls back to psync instead.
+    #[error(
+        "io_uring unavailable (errno {}): {source}; BackendKind::Auto falls back to psync",
+        errno.map_or_else(|| "none".to_string(), |e| e.to_string())
+    )]
+    UringUnavailable {
+        /// The OS error number, when the refusal had one.
+        errno: Option<i32>,
+        /// The error of the setup.
+        #[source]
+        source: io::Error,
+    },
+
     /// The configuration is invalid; the message says which field and why.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -310,7 +326,8 @@ impl SpillError {
             SpillError::Io { source, .. }
             | SpillError::StorageFull { source, .. }
             | SpillError::TooManyOpenFiles { source, .. }
-            | SpillError::PublishFailed { source, .. } => Some(source),
+            | SpillError::PublishFailed { source, .. }
+            | SpillError::UringUnavailable { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -68,12 +68,20 @@ fn io_uring_refused_falls_back_to_psync() {
     std::thread::spawn(move || {
         refuse_io_uring();
         let e = Engine::open(EngineConfig::new(&root).backend(BackendKind::Uring)).unwrap_err();
+        // Its own variant with the errno (issue 25; before, `Io { op: "start io backend" }`
+        // with an empty path).
         match &e {
-            SpillError::Io { source, .. } => {
+            SpillError::UringUnavailable { errno, source } => {
+                assert_eq!(*errno, Some(libc::EPERM), "{e}");
                 assert_eq!(source.raw_os_error(), Some(libc::EPERM), "{e}");
+                assert!(e.to_string().contains("Auto falls back to psync"), "{e}");
             }
-            other => panic!("want Io(EPERM), got {other}"),
+            other => panic!("want UringUnavailable(EPERM), got {other}"),
         }
+        assert!(
+            dirs_under(&root).is_empty(),
+            "a refused open leaves nothing"
+        );
         let engine = Engine::open(EngineConfig::new(&root).backend(BackendKind::Auto)).unwrap();
         assert_eq!(engine.backend(), spillring::Backend::Psync);
         assert_eq!(engine.metrics().backend.as_str(), "psync");

@@ -76,7 +76,15 @@ impl Engine {
             Ok(io) => io,
             Err(e) => {
                 opened.undo();
-                return Err(SpillError::io("start io backend", PathBuf::new(), e));
+                // Only a forced `Uring` gets here from io_uring (`Auto` falls back).
+                return Err(if cfg.backend == BackendKind::Uring {
+                    SpillError::UringUnavailable {
+                        errno: e.raw_os_error(),
+                        source: e,
+                    }
+                } else {
+                    SpillError::io("start io backend", PathBuf::new(), e)
+                });
             }
         };
         let OpenedRoots {

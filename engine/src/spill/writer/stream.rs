@@ -136,6 +136,7 @@ impl SpillError {
             | SpillError::WriterCannotFit { .. } => io::ErrorKind::QuotaExceeded,
             SpillError::Corrupt { .. } => io::ErrorKind::InvalidData,
             SpillError::Io { source, .. } => source.kind(),
+            SpillError::UringUnavailable { .. } => io::ErrorKind::Unsupported,
             _ => io::ErrorKind::Other,
         }
     }
