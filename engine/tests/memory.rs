@@ -64,6 +64,26 @@ fn reading_back_stays_within_the_memory_bound(b: BackendKind) {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let (held, _) = rss_and_peak();
     let (maps, map_bytes) = spillring::testing::kept_maps(&engine);
+    // The gauges say the same (issue 25: staging buffers, kept maps and fds as metrics).
+    let m = engine.metrics();
+    assert_eq!(m.kept_map_bytes, map_bytes);
+    let bufs = spillring::testing::buffer_stats(&engine);
+    assert_eq!(m.staging_buffer_bytes, bufs.mapped as u64);
+    assert!(
+        m.staging_buffer_bytes > 0 && m.staging_buffer_bytes <= BUDGET as u64,
+        "{m:?}"
+    );
+    assert_eq!(
+        m.open_fds,
+        spillring::testing::fd_stats(&engine).open as u64
+    );
+    let text = m.to_prometheus();
+    for name in ["staging_buffer_bytes", "kept_map_bytes", "open_fds"] {
+        assert!(
+            text.contains(&format!("spillring_{name} ")),
+            "{name}: {text}"
+        );
+    }
     let mib = |x: u64| x.saturating_sub(base) >> 20;
     let figures = format!(
         "RSS growth: {} MiB written, {} MiB read back, peak {} MiB, {} MiB held after the states dropped; {maps} kept maps of {} MiB",

@@ -150,6 +150,14 @@ pub struct Metrics {
     pub pool_bytes: u64,
     /// Segments a writer took from the pool (no create, no allocation).
     pub pool_hits: u64,
+    /// Bytes of staging buffers mapped now: held by writers, in flight, or free for reuse
+    /// (within `max_buffer_memory`).
+    pub staging_buffer_bytes: u64,
+    /// Bytes of segment maps kept with pooled files now (within `max_read_memory`).
+    pub kept_map_bytes: u64,
+    /// Segment fds the engine holds open now (within `max_open_files` and half the soft
+    /// `RLIMIT_NOFILE`).
+    pub open_fds: u64,
     /// Segments a writer created because the pool had none for its root.
     pub pool_misses: u64,
     /// Pooled files deleted: past the pool's bounds, under ledger or quota pressure, by

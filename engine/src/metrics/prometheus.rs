@@ -14,7 +14,7 @@ impl Metrics {
             "# HELP spillring_info Which backend and write mode run.\n# TYPE spillring_info gauge\nspillring_info{{backend=\"{}\",write_mode=\"{}\"}} 1",
             self.backend, self.write_mode
         );
-        let rows: [(&str, &str, &str, f64); 45] = [
+        let rows: [(&str, &str, &str, f64); 48] = [
             (
                 "tickets_used",
                 "gauge",
@@ -188,6 +188,24 @@ impl Metrics {
                 "gauge",
                 "Bytes the pooled files hold on disk.",
                 self.pool_bytes as f64,
+            ),
+            (
+                "staging_buffer_bytes",
+                "gauge",
+                "Bytes of staging buffers mapped (held, in flight or free).",
+                self.staging_buffer_bytes as f64,
+            ),
+            (
+                "kept_map_bytes",
+                "gauge",
+                "Bytes of segment maps kept with pooled files.",
+                self.kept_map_bytes as f64,
+            ),
+            (
+                "open_fds",
+                "gauge",
+                "Segment fds the engine holds open.",
+                self.open_fds as f64,
             ),
             (
                 "pool_hits_total",
