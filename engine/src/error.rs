@@ -129,9 +129,17 @@ pub enum SpillError {
         source: io::Error,
     },
 
-    /// The configuration is invalid; the message says which field and why.
-    #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
+    /// The configuration is invalid: `field` is outside `need` (its bounds, or how it must
+    /// relate to another field), and `got` is the value given.
+    #[error("invalid configuration: {field}: need {need}, got {got}")]
+    InvalidConfig {
+        /// The `EngineConfig` field (or publish option) at fault, as its setter is named.
+        field: &'static str,
+        /// What it must be.
+        need: String,
+        /// The value given.
+        got: String,
+    },
 
     /// A record is larger than the format can frame.
     #[error("record of {len} bytes exceeds the maximum of {max}")]

@@ -116,7 +116,7 @@ fn bad_config_is_a_typed_error_and_creates_nothing() {
     ];
     for c in bad {
         let e = Engine::open(c).unwrap_err();
-        assert!(matches!(e, SpillError::InvalidConfig(_)), "{e}");
+        assert!(matches!(e, SpillError::InvalidConfig { .. }), "{e}");
     }
     assert!(dirs_under(dir.path()).is_empty());
 }

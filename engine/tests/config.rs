@@ -54,13 +54,43 @@ fn a_small_quota_alone_opens() {
     }
 }
 
+/// Issue 25: the refusal carries the field, its bounds and the value as fields, not only in
+/// a message.
+#[test]
+fn invalid_config_names_the_field_its_bounds_and_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = EngineConfig::new(dir.path())
+        .queue_depth(0)
+        .validate()
+        .unwrap_err();
+    match &err {
+        SpillError::InvalidConfig { field, need, got } => {
+            assert_eq!(
+                (*field, need.as_str(), got.as_str()),
+                ("queue_depth", "1..=1024", "0")
+            );
+        }
+        other => panic!("want InvalidConfig, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "invalid configuration: queue_depth: need 1..=1024, got 0"
+    );
+}
+
 #[test]
 fn a_quota_below_the_smallest_segment_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let err = Engine::open(EngineConfig::new(dir.path()).max_spill_bytes(MIN_SEGMENT_SIZE - 1))
         .unwrap_err();
     assert!(
-        matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_spill_bytes")),
+        matches!(
+            &err,
+            SpillError::InvalidConfig {
+                field: "max_spill_bytes",
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -74,7 +104,13 @@ fn explicit_values_are_still_checked_against_each_other() {
         .validate()
         .unwrap_err();
     assert!(
-        matches!(&err, SpillError::InvalidConfig(m) if m.contains("io_buffer_size")),
+        matches!(
+            &err,
+            SpillError::InvalidConfig {
+                field: "io_buffer_size",
+                ..
+            }
+        ),
         "{err}"
     );
     let err = EngineConfig::new(dir.path())
@@ -83,7 +119,13 @@ fn explicit_values_are_still_checked_against_each_other() {
         .validate()
         .unwrap_err();
     assert!(
-        matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_spill_bytes")),
+        matches!(
+            &err,
+            SpillError::InvalidConfig {
+                field: "max_spill_bytes",
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -160,7 +202,13 @@ fn max_read_memory_past_its_bound_is_refused_by_name() {
     let err =
         Engine::open(EngineConfig::new(dir.path()).max_read_memory((1 << 40) + 1)).unwrap_err();
     assert!(
-        matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_read_memory")),
+        matches!(
+            &err,
+            SpillError::InvalidConfig {
+                field: "max_read_memory",
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -171,7 +219,13 @@ fn max_open_files_out_of_bounds_is_refused_by_name() {
     for n in [0, MAX_OPEN_FILES + 1] {
         let err = Engine::open(EngineConfig::new(dir.path()).max_open_files(n)).unwrap_err();
         assert!(
-            matches!(&err, SpillError::InvalidConfig(m) if m.contains("max_open_files")),
+            matches!(
+                &err,
+                SpillError::InvalidConfig {
+                    field: "max_open_files",
+                    ..
+                }
+            ),
             "{n}: {err}"
         );
     }

@@ -395,7 +395,7 @@ fn the_mode_is_the_callers_choice(b: BackendKind) {
         .publish_with(dest.path(), "out", PublishOptions::default().mode(0o4755))
         .unwrap_err();
     assert!(
-        matches!(&e, SpillError::InvalidConfig(m) if m.contains("0o4755")),
+        matches!(&e, SpillError::InvalidConfig { field: "PublishOptions::mode", got, .. } if got == "0o4755"),
         "{e:?}"
     );
     // A publish with a mode that fails after the modes were set (the third rename): the

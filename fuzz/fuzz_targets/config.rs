@@ -475,7 +475,7 @@ fuzz_target!(|case: Case| {
     let expected = model.documented_ok();
     match (&verdict, expected) {
         (Ok(()), Ok(())) => {}
-        (Err(SpillError::InvalidConfig(_)), Err(_)) => {}
+        (Err(SpillError::InvalidConfig { .. }), Err(_)) => {}
         (v, e) => panic!("validate() = {v:?}, the documented bounds say {e:?}; {model:?}"),
     }
     if verdict.is_err() {
@@ -510,7 +510,7 @@ fuzz_target!(|case: Case| {
                 matches!(
                     err,
                     SpillError::Io { .. }
-                        | SpillError::InvalidConfig(_)
+                        | SpillError::InvalidConfig { .. }
                         | SpillError::RootNotADirectory { .. }
                 ),
                 "unexpected error kind: {err:?}"

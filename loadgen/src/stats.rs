@@ -176,7 +176,7 @@ pub fn error_kind(e: &SpillError) -> &'static str {
         SpillError::StorageFull { .. } => "StorageFull",
         SpillError::Corrupt { .. } => "Corrupt",
         SpillError::Io { .. } => "Io",
-        SpillError::InvalidConfig(_) => "InvalidConfig",
+        SpillError::InvalidConfig { .. } => "InvalidConfig",
         SpillError::RecordTooLarge { .. } => "RecordTooLarge",
         SpillError::TooManyOpenFiles { .. } => "TooManyOpenFiles",
         SpillError::InvalidName { .. } => "InvalidName",

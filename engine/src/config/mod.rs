@@ -38,7 +38,7 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// assert!(cfg.validate().is_ok());
 /// // Every bound is checked, and the error names the field.
 /// let bad = EngineConfig::new("/tmp/spill").segment_size(1000).validate();
-/// assert!(matches!(bad, Err(SpillError::InvalidConfig(m)) if m.contains("segment_size")));
+/// assert!(matches!(bad, Err(SpillError::InvalidConfig { field: "segment_size", .. })));
 /// ```
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

@@ -199,7 +199,11 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
     }
     if o.proc_dirs.is_empty() {
         // No root works: the open fails with the first root's error, and nothing is skipped.
-        return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig("roots: none".into())));
+        return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig {
+            field: "roots",
+            need: "1..=64".into(),
+            got: "0".into(),
+        }));
     }
     for (root, error) in skipped {
         tracing::warn!(root = %root.display(), error = %error,

@@ -204,10 +204,11 @@ impl SpilledState {
         }
         check_prefix(prefix)?;
         if opts.mode & !0o777 != 0 {
-            return Err(SpillError::InvalidConfig(format!(
-                "publish mode {:#o}: only the permission bits (at most 0o777) can be set",
-                opts.mode
-            )));
+            return Err(SpillError::InvalidConfig {
+                field: "PublishOptions::mode",
+                need: "permission bits only (at most 0o777)".into(),
+                got: format!("{:#o}", opts.mode),
+            });
         }
         let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         let targets: Vec<Target> = (0..inner.segments)

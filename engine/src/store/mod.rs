@@ -80,7 +80,11 @@ impl Store {
         self.root_dirs
             .get(root)
             .cloned()
-            .ok_or_else(|| crate::error::SpillError::InvalidConfig(format!("no root {root}")))
+            .ok_or_else(|| crate::error::SpillError::InvalidConfig {
+                field: "roots",
+                need: format!("fewer than {} roots", self.root_dirs.len() + 1),
+                got: format!("root {root}"),
+            })
     }
 
     /// How much of what spills could hold on root `root` they hold: the engine's bytes there

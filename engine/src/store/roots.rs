@@ -130,10 +130,11 @@ pub(crate) fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
                 let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
             }
             Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
-                return Err(SpillError::InvalidConfig(format!(
-                    "mode Direct: the filesystem of {} does not support O_DIRECT",
-                    pd.path.display()
-                )));
+                return Err(SpillError::InvalidConfig {
+                    field: "mode",
+                    need: "Buffered on a filesystem without O_DIRECT".into(),
+                    got: format!("Direct on {}", pd.path.display()),
+                });
             }
             Err(e) => return Err(SpillError::io("probe O_DIRECT", pd.path.clone(), e)),
         }
