@@ -8,9 +8,24 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum SpillError {
     /// The task scope was cancelled or closed while this spill was in progress, and the spill's
-    /// files were deleted. This is the expected outcome of a cancel, not a fault.
+    /// files were deleted. This is the expected outcome of a cancel, not a fault. (A reader
+    /// whose state went with its scope's normal close gets [`SpillError::ScopeClosed`].)
     #[error("spill aborted: its task scope was closed")]
     Aborted,
+
+    /// A reader's state was deleted because the task scope holding it closed normally: its
+    /// producer's task ended, and a scope's close deletes what it still holds. A state that
+    /// another task reads after its producer's scope ends must be adopted into the reader's
+    /// scope first (`TaskSpill::adopt`). A cancel (or the engine's shutdown) is `Aborted`.
+    #[error(
+        "spill state gone: its task scope `{task}` was closed, which deletes what it holds; \
+         to read a state after its producer's scope ends, adopt it into the reader's scope \
+         first (TaskSpill::adopt)"
+    )]
+    ScopeClosed {
+        /// The id of the scope that closed.
+        task: String,
+    },
 
     /// The scope, writer or engine is closed and takes no new work.
     #[error("{what} is closed")]

@@ -20,6 +20,7 @@ per_backend!(
     write_all_stops_at_the_first_error_and_the_counts_say_how_far,
     usage_reports_what_each_scope_holds,
     a_writer_logs_its_close_once_with_its_segments,
+    a_state_gone_with_its_producers_scope_says_so_and_points_at_adopt,
 );
 
 const T: Duration = Duration::from_secs(10);
@@ -369,5 +370,57 @@ fn a_writer_logs_its_close_once_with_its_segments(b: BackendKind) {
     assert!(!logs.contains("segments=1 segments=2"), "{logs}");
     drop(st);
     task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// Issue 25: a reader whose state died because its producer's scope closed normally read it
+/// as a cancel (`Aborted`). It is `ScopeClosed`, naming the scope and pointing at `adopt`;
+/// a cancel stays `Aborted`; an adopted state outlives its producer's scope.
+fn a_state_gone_with_its_producers_scope_says_so_and_points_at_adopt(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let spill = |task: &spillring::TaskSpill| {
+        let mut w = task.writer().unwrap();
+        for i in 0..600 {
+            w.write(Bytes::from(record(i, 1000))).unwrap();
+        }
+        w.finish().unwrap()
+    };
+    for cancel in [false, true] {
+        let producer = engine.task("producer").unwrap();
+        let st = spill(&producer);
+        let mut early = st.reader().unwrap();
+        assert!(early.next_record().unwrap().is_some());
+        if cancel {
+            producer.cancel();
+        } else {
+            producer.close();
+        }
+        let mid = early.next_record().map(|_| ()).unwrap_err();
+        let late = st.reader().map(|_| ()).unwrap_err();
+        for e in [&mid, &late] {
+            if cancel {
+                assert!(matches!(e, SpillError::Aborted), "{e}");
+            } else {
+                assert!(
+                    matches!(e, SpillError::ScopeClosed { task } if task == "producer"),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("adopt"), "{e}");
+            }
+        }
+        drop((early, st));
+    }
+    // Adopted into the consumer's scope, it outlives the producer's.
+    let (producer, consumer) = (
+        engine.task("producer").unwrap(),
+        engine.task("consumer").unwrap(),
+    );
+    let st = spill(&producer);
+    consumer.adopt(&st).unwrap();
+    producer.close();
+    assert_eq!(st.reader().unwrap().count(), 600);
+    drop(st);
+    consumer.close();
     assert_clean(&engine, dir.path());
 }

@@ -237,6 +237,21 @@ impl StateInner {
         self.scope.lock().clone()
     }
 
+    /// What a reader is told when the state is gone: `Aborted` stays `Aborted` after a cancel
+    /// (or a shutdown); after its scope's normal close it is `ScopeClosed`, which says to
+    /// adopt the state (issue 25: it read as a cancel). Any other error is returned as is.
+    pub(crate) fn why_gone(&self, e: SpillError) -> SpillError {
+        if !e.is_aborted() {
+            return e;
+        }
+        match self.task() {
+            Some(t) if t.is_closed() && !t.is_cancelled() => SpillError::ScopeClosed {
+                task: t.id.as_str().to_string(),
+            },
+            _ => e,
+        }
+    }
+
     /// Records the id the state got in its scope's registry.
     pub(crate) fn set_scope_id(&self, id: u64) {
         self.scope_id.store(id, Ordering::Release);

@@ -362,7 +362,7 @@ impl SpillReader {
     fn aborted(&mut self) -> SpillError {
         self.cur = None;
         Counters::add(&self.grant.0.core().counters.aborts_observed, 1);
-        SpillError::Aborted
+        self.grant.0.why_gone(SpillError::Aborted)
     }
 
     /// Maps segment `i` (its written length only) and checks its header.

@@ -91,14 +91,17 @@ impl SpilledState {
     /// A reader over the records, in write order. Takes a grant; fails with `Aborted` if the
     /// scope already closed the state.
     pub fn reader(&self) -> Result<SpillReader> {
-        self.inner().acquire()?;
+        self.inner()
+            .acquire()
+            .map_err(|e| self.inner().why_gone(e))?;
         Ok(SpillReader::new(Grant(self.inner().clone())))
     }
 
-    /// Turns this grant into a reader (fails with `Aborted` after a cancel).
+    /// Turns this grant into a reader (fails with `Aborted` after a cancel, `ScopeClosed`
+    /// after its scope's normal close).
     pub fn into_reader(self) -> Result<SpillReader> {
         if self.inner().is_aborted() {
-            return Err(SpillError::Aborted);
+            return Err(self.inner().why_gone(SpillError::Aborted));
         }
         Ok(SpillReader::new(self.grant))
     }
