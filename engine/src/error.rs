@@ -338,6 +338,39 @@ impl SpillError {
         matches!(self, SpillError::Aborted)
     }
 
+    /// The kind this error is counted under in `Metrics::errors` (one of
+    /// `metrics::ERROR_KINDS`): `storage_full`; `quota` (the byte quota, the ticket ledger,
+    /// `WriterCannotFit`, `BufferBudgetExhausted`); `too_many_open_files`; `corrupt`; `io`
+    /// (other OS errors, `UringUnavailable`, publish failures); `aborted` (a cancel, a scope
+    /// closed under a reader); `misuse` (a caller's mistake: bad config or name, a closed
+    /// object, a record too large, a failed writer used again); `other`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SpillError::StorageFull { .. } => "storage_full",
+            SpillError::QuotaExceeded { .. }
+            | SpillError::LedgerFull { .. }
+            | SpillError::WriterCannotFit { .. }
+            | SpillError::BufferBudgetExhausted { .. } => "quota",
+            SpillError::TooManyOpenFiles { .. } => "too_many_open_files",
+            SpillError::Corrupt { .. } => "corrupt",
+            SpillError::Io { .. }
+            | SpillError::UringUnavailable { .. }
+            | SpillError::PublishFailed { .. }
+            | SpillError::PublishCrossesFilesystems { .. } => "io",
+            SpillError::Aborted | SpillError::ScopeClosed { .. } => "aborted",
+            SpillError::InvalidConfig { .. }
+            | SpillError::InvalidName { .. }
+            | SpillError::Closed { .. }
+            | SpillError::RecordTooLarge { .. }
+            | SpillError::WriterFailed
+            | SpillError::WriteFutureDropped
+            | SpillError::StateShared { .. }
+            | SpillError::PublishEncrypted
+            | SpillError::RootNotADirectory { .. } => "misuse",
+            SpillError::SegmentsExhausted { .. } => "other",
+        }
+    }
+
     /// True when the device is full.
     pub fn is_storage_full(&self) -> bool {
         matches!(self, SpillError::StorageFull { .. })

@@ -163,6 +163,16 @@ fn a_quota_admits_exactly_what_fits(b: BackendKind) {
             matches!(err, SpillError::QuotaExceeded { .. }),
             "quota {quota}: {err}"
         );
+        // Counted by kind (issue 25: failures by error kind), once, and nothing else.
+        let m = engine.metrics();
+        let counted: Vec<_> = m.errors.iter().filter(|(_, n)| *n > 0).collect();
+        assert_eq!(counted, [&("quota", 1)], "{:?}", m.errors);
+        assert!(
+            m.to_prometheus()
+                .contains("spillring_errors_total{kind=\"quota\"} 1"),
+            "{}",
+            m.to_prometheus()
+        );
         let states: Vec<_> = writers.into_iter().map(|w| w.finish().unwrap()).collect();
         assert!(states.iter().all(|s| s.records() == 1));
         drop(states);

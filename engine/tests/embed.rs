@@ -411,6 +411,10 @@ fn a_state_gone_with_its_producers_scope_says_so_and_points_at_adopt(b: BackendK
         }
         drop((early, st));
     }
+    // Both readers' errors of each round, counted as `aborted` (writers, readers and
+    // `reader()` count what they return).
+    let m = engine.metrics();
+    assert!(m.errors.contains(&("aborted", 4)), "{:?}", m.errors);
     // Adopted into the consumer's scope, it outlives the producer's.
     let (producer, consumer) = (
         engine.task("producer").unwrap(),

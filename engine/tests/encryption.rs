@@ -416,6 +416,11 @@ fn a_valid_plaintext_block_in_an_encrypted_segment_is_refused(b: BackendKind) {
     };
     assert!(n > 0, "segment 0 reads first");
     assert_corrupt_says(&err, 1, 64, "plaintext block");
+    assert!(
+        engine.metrics().errors.contains(&("corrupt", 1)),
+        "{:?}",
+        engine.metrics().errors
+    );
     drop(st);
     task.close();
     assert_clean(&engine, dir.path());

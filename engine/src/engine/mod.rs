@@ -349,6 +349,7 @@ fn metrics(core: &Core) -> Metrics {
         files_already_absent: g(&c.files_already_absent),
         delete_failures: g(&c.delete_failures),
         write_failures: g(&c.write_failures),
+        errors: c.error_counts(),
         deletes_in_flight: g(&c.deletes_in_flight),
         cleanup_pending: core.store.cleanup.pending(),
         cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),

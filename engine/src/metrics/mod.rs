@@ -24,6 +24,9 @@ pub(crate) struct Counters {
     pub files_already_absent: AtomicU64,
     pub delete_failures: AtomicU64,
     pub write_failures: AtomicU64,
+    /// Errors returned to callers by writers and readers, by `SpillError::kind`
+    /// (indexed as [`ERROR_KINDS`]).
+    pub errors: [AtomicU64; ERROR_KINDS.len()],
     pub cleanup_retries: AtomicU64,
     pub cleanup_released: AtomicU64,
     pub orphan_dirs_swept: AtomicU64,
@@ -123,6 +126,10 @@ pub struct Metrics {
     pub delete_failures: u64,
     /// Writes that failed.
     pub write_failures: u64,
+    /// Errors writers, readers and `SpilledState::reader` returned to their callers, by
+    /// kind ([`crate::SpillError::kind`]), every kind in a fixed order;
+    /// `spillring_errors_total{kind="..."}`.
+    pub errors: Vec<(&'static str, u64)>,
     /// Deletes queued to an I/O thread and not yet completed.
     pub deletes_in_flight: u64,
     /// Name-only records waiting in the cleanup worker.
@@ -194,4 +201,37 @@ pub struct Metrics {
     pub encrypt_nanos: u64,
     /// Nanoseconds spent decrypting blocks (0 without `encryption`).
     pub decrypt_nanos: u64,
+}
+
+/// The kinds [`crate::SpillError::kind`] sorts errors into, in the order of
+/// [`Metrics::errors`].
+pub const ERROR_KINDS: [&str; 8] = [
+    "storage_full",
+    "quota",
+    "too_many_open_files",
+    "corrupt",
+    "io",
+    "aborted",
+    "misuse",
+    "other",
+];
+
+impl Counters {
+    /// Counts `e`, returned to a caller, under its kind.
+    pub(crate) fn count_error(&self, e: &crate::SpillError) {
+        let k = ERROR_KINDS
+            .iter()
+            .position(|k| *k == e.kind())
+            .unwrap_or(ERROR_KINDS.len() - 1);
+        self.errors[k].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The error counts, by kind.
+    pub(crate) fn error_counts(&self) -> Vec<(&'static str, u64)> {
+        ERROR_KINDS
+            .iter()
+            .zip(&self.errors)
+            .map(|(k, c)| (*k, c.load(std::sync::atomic::Ordering::Relaxed)))
+            .collect()
+    }
 }

@@ -352,6 +352,13 @@ fn write_operator_rows(m: &Metrics, out: &mut String) {
     }
     let _ = writeln!(
         out,
+        "# HELP spillring_errors_total Errors writers and readers returned, by kind.\n# TYPE spillring_errors_total counter"
+    );
+    for (kind, n) in &m.errors {
+        let _ = writeln!(out, "spillring_errors_total{{kind=\"{kind}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
         "# HELP spillring_root_bytes Disk bytes of the files the engine owns under a root.\n# TYPE spillring_root_bytes gauge"
     );
     for r in &m.roots {

@@ -203,6 +203,14 @@ impl SpillReader {
     /// `Corrupt` (with segment and offset) for a torn, truncated or damaged segment, in which
     /// case no byte of the bad record is returned.
     pub fn next_record(&mut self) -> Result<Option<Bytes>> {
+        let r = self.next_record_uncounted();
+        if let Err(e) = &r {
+            self.grant.0.core().counters.count_error(e);
+        }
+        r
+    }
+
+    fn next_record_uncounted(&mut self) -> Result<Option<Bytes>> {
         if self.grant.0.is_aborted() {
             return Err(self.aborted());
         }
@@ -241,6 +249,10 @@ impl SpillReader {
         let r = self.poll_next_record_budgeted(cx);
         match &r {
             Poll::Ready(Ok(Some(rec))) => self.budget.spend(rec.len()),
+            Poll::Ready(Err(e)) => {
+                self.grant.0.core().counters.count_error(e);
+                self.budget.spend(0)
+            }
             Poll::Ready(_) => self.budget.spend(0),
             Poll::Pending => self.budget.yielded(),
         }

@@ -438,6 +438,14 @@ impl SpillWriter {
     /// other error fails the writer and deletes its files. The first error is what the caller
     /// gets; with it, after a `StorageFull` failure, the delete mark its deletes complete at.
     fn route<T>(&mut self, r: Result<T>) -> (Result<T>, Option<u64>) {
+        let routed = self.route_error(r);
+        if let Err(e) = &routed.0 {
+            self.ctx.core.counters.count_error(e);
+        }
+        routed
+    }
+
+    fn route_error<T>(&mut self, r: Result<T>) -> (Result<T>, Option<u64>) {
         match r {
             Ok(v) => (Ok(v), None),
             Err(
