@@ -52,7 +52,7 @@ fn measure(n: usize, save_sites: bool) -> serde_json::Value {
         EngineConfig::new(dir.path())
             .mode(WriteMode::Buffered)
             .segment_size(64 * KIB as u64)
-            .io_buffer_size(64 * KIB)
+            .io_buffer_size((64 * KIB) as u64)
             .ticket_capacity(CAPACITY)
             .cleanup_retry_delay(Duration::from_secs(3600))
             // The segment pool would keep released files for reuse instead of deleting them;

@@ -90,7 +90,7 @@ fn main() {
     let io_buffer = 64 * KIB;
     let cfg = EngineConfig::new(dir.path())
         .segment_size(MIB as u64)
-        .io_buffer_size(io_buffer)
+        .io_buffer_size(io_buffer as u64)
         .pool_max_segments(0);
     let engine = Engine::open(cfg).expect("open engine");
     let max_open_files = fd_stats(&engine).max;

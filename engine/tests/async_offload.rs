@@ -206,8 +206,12 @@ fn async_calls_read_back_everything_on_a_current_thread_runtime(b: BackendKind) 
     for mode in both_modes() {
         for read_max in [0usize, 1 << 20] {
             let dir = tempfile::tempdir().unwrap();
-            let engine =
-                Engine::open(cfg(dir.path(), b).mode(mode).read_buffer_max(read_max)).unwrap();
+            let engine = Engine::open(
+                cfg(dir.path(), b)
+                    .mode(mode)
+                    .read_buffer_max(read_max as u64),
+            )
+            .unwrap();
             let rt = current_thread();
             let n = rt.block_on(async {
                 let mut handles = Vec::new();

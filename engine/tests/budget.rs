@@ -53,7 +53,9 @@ fn read_all(state: &SpilledState) -> Vec<Vec<u8>> {
 }
 
 fn budget_cfg(root: &Path, backend: BackendKind, mode: WriteMode, budget: usize) -> EngineConfig {
-    cfg(root, backend).mode(mode).max_buffer_memory(budget)
+    cfg(root, backend)
+        .mode(mode)
+        .max_buffer_memory(budget as u64)
 }
 
 /// 64 writers, one thread, round-robin, 3,000-byte records (frames cross buffer boundaries),
@@ -342,7 +344,7 @@ fn max_buffer_memory_is_validated_and_its_default_fits_every_io_buffer_size() {
     for bad in [512 << 10, usize::MAX] {
         let r = EngineConfig::new(dir.path())
             .io_buffer_size(1 << 20)
-            .max_buffer_memory(bad)
+            .max_buffer_memory(bad as u64)
             .validate();
         match r {
             Err(SpillError::InvalidConfig { field, .. }) => assert_eq!(field, "max_buffer_memory"),

@@ -160,7 +160,7 @@ fn every_field_at_its_bounds_works_with_the_defaults_of_the_rest() {
             c.large_record_threshold(1)
         }),
         ("large_record_threshold max", |c| {
-            c.large_record_threshold(u32::MAX as usize)
+            c.large_record_threshold(u32::MAX as u64)
         }),
         ("preallocate", |c| c.preallocate(true)),
         ("cleanup_retry_delay min", |c| {

@@ -139,7 +139,7 @@ fn damage_cases(
     let mut c = cfg(dir.path(), b)
         .mode(mode)
         .segment_size(64 << 10)
-        .read_buffer_max(read_buffer_max)
+        .read_buffer_max(read_buffer_max as u64)
         .compression(compression)
         .encryption(encrypt);
     if compression == Compression::Auto {
@@ -230,7 +230,7 @@ fn damage_cases(
         cfg(other_dir.path(), b)
             .mode(mode)
             .segment_size(64 << 10)
-            .read_buffer_max(read_buffer_max)
+            .read_buffer_max(read_buffer_max as u64)
             .compression(compression)
             .encryption(encrypt),
     )

@@ -38,7 +38,7 @@ fn reading_back_stays_within_the_memory_bound(b: BackendKind) {
     let engine = Engine::open(
         spillring::EngineConfig::new(dir.path())
             .backend(b)
-            .max_buffer_memory(BUDGET),
+            .max_buffer_memory(BUDGET as u64),
     )
     .unwrap();
     let task = engine.task("memory").unwrap();

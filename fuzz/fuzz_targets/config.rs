@@ -420,7 +420,7 @@ fuzz_target!(|case: Case| {
         cfg = cfg.ring_entries(v as u32);
     }
     if let Some(v) = case.io_buffer_size.get() {
-        cfg = cfg.io_buffer_size(us(v));
+        cfg = cfg.io_buffer_size(v);
     }
     if let Some(v) = case.queue_depth.get() {
         cfg = cfg.queue_depth(us(v));
@@ -429,7 +429,7 @@ fuzz_target!(|case: Case| {
         cfg = cfg.registered_buffers(us(v));
     }
     if let Some(v) = case.large_record_threshold.get() {
-        cfg = cfg.large_record_threshold(us(v));
+        cfg = cfg.large_record_threshold(v);
     }
     cfg = cfg.compression(match case.compression.0 % 4 {
         0 => spillring::Compression::None,
@@ -463,13 +463,13 @@ fuzz_target!(|case: Case| {
         cfg = cfg.pool_max_bytes(v);
     }
     if let Some(v) = case.read_buffer_max.get() {
-        cfg = cfg.read_buffer_max(us(v));
+        cfg = cfg.read_buffer_max(v);
     }
     if let Some(v) = case.max_open_files.get() {
         cfg = cfg.max_open_files(us(v));
     }
     if let Some(v) = case.max_buffer_memory.get() {
-        cfg = cfg.max_buffer_memory(us(v));
+        cfg = cfg.max_buffer_memory(v);
     }
     let verdict = cfg.validate();
     let expected = model.documented_ok();

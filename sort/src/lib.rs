@@ -147,8 +147,8 @@ impl Plan {
         let io_buffer = self.segment_size.min(1 << 20);
         EngineConfig::new(spill_dir)
             .segment_size(self.segment_size as u64)
-            .io_buffer_size(io_buffer)
-            .read_buffer_max(self.segment_size)
+            .io_buffer_size(io_buffer as u64)
+            .read_buffer_max(self.segment_size as u64)
             .pool_max_segments(0)
     }
 }

@@ -95,6 +95,13 @@ const DEFAULT_MAX_OPEN_FILES: usize = 1024;
 /// Largest accepted `max_open_files`.
 pub const MAX_OPEN_FILES: usize = 1 << 20;
 
+/// A byte size given as `u64` (every size setter takes one, issue 25), kept as `usize`
+/// where it sizes memory: past `usize::MAX` (a 32-bit target) it saturates, and the bounds
+/// check refuses it by name.
+fn to_usize(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
     ///
@@ -209,8 +216,8 @@ impl EngineConfig {
     /// Size of one staging buffer: small records are coalesced into buffers of this size, and
     /// each full buffer is one write. Default: the smaller of 1 MiB and the segment size.
     /// Bounds: 4 KiB..=64 MiB, a multiple of 4096, at most the segment size.
-    pub fn io_buffer_size(mut self, bytes: usize) -> Self {
-        self.io_buffer_size = bytes;
+    pub fn io_buffer_size(mut self, bytes: u64) -> Self {
+        self.io_buffer_size = to_usize(bytes);
         self.explicit.io_buffer_size = true;
         self
     }
@@ -241,15 +248,15 @@ impl EngineConfig {
     /// (`registered_buffers`) are full-size buffers inside this bound. Default 128 MiB:
     /// full-size buffers (1 MiB) for 64 writers, then some 16,000 more writers at 4 KiB.
     /// Bounds: `io_buffer_size..=1 TiB`.
-    pub fn max_buffer_memory(mut self, bytes: usize) -> Self {
-        self.max_buffer_memory = bytes;
+    pub fn max_buffer_memory(mut self, bytes: u64) -> Self {
+        self.max_buffer_memory = to_usize(bytes);
         self
     }
 
     /// In buffered mode, records at least this large go out without a copy (a vectored write of
     /// frame header + payload). Default 256 KiB. Bounds: 1..=`u32::MAX`.
-    pub fn large_record_threshold(mut self, bytes: usize) -> Self {
-        self.large_record_threshold = bytes;
+    pub fn large_record_threshold(mut self, bytes: u64) -> Self {
+        self.large_record_threshold = to_usize(bytes);
         self
     }
 
@@ -324,8 +331,8 @@ impl EngineConfig {
     /// their own; larger ones are mapped (records are then zero-copy views of the map). For a
     /// small segment the copy costs less than map + fault + unmap. 0 maps every segment.
     /// Default 256 KiB. Bounds: 0..=64 MiB.
-    pub fn read_buffer_max(mut self, bytes: usize) -> Self {
-        self.read_buffer_max = bytes;
+    pub fn read_buffer_max(mut self, bytes: u64) -> Self {
+        self.read_buffer_max = to_usize(bytes);
         self
     }
 
@@ -339,8 +346,8 @@ impl EngineConfig {
     /// decode into keeps at most 64 MiB more, and nothing once the last engine is dropped.
     /// Default: `max_buffer_memory` (one setting bounds both). Bounds: `0..=1 TiB` (0 keeps
     /// no map).
-    pub fn max_read_memory(mut self, bytes: usize) -> Self {
-        self.max_read_memory = bytes;
+    pub fn max_read_memory(mut self, bytes: u64) -> Self {
+        self.max_read_memory = to_usize(bytes);
         self.explicit.max_read_memory = true;
         self
     }

@@ -422,7 +422,7 @@ fn main() {
     std::fs::create_dir_all(&base_root).expect("baseline root");
     let mut cfg = EngineConfig::new(&engine_root);
     if let Some(m) = a.io_buffer_mib {
-        cfg = cfg.io_buffer_size(m << 20);
+        cfg = cfg.io_buffer_size((m as u64) << 20);
     }
     let engine = Engine::open(cfg).expect("open engine");
 

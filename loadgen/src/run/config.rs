@@ -102,7 +102,7 @@ pub fn engine_config(w: &Workload, root: &Path) -> EngineConfig {
         })
         .segment_size(w.segment_size)
         .ticket_capacity(w.ticket_capacity)
-        .io_buffer_size(w.io_buffer_size.min(w.segment_size) as usize)
+        .io_buffer_size(w.io_buffer_size.min(w.segment_size))
         .cleanup_retry_delay(Duration::from_millis(w.cleanup_retry_ms.max(1)))
         .root_skip(Duration::from_millis(w.root_skip_ms))
         .preallocate(w.preallocate);

@@ -36,6 +36,8 @@ pub fn is_injected(e: &SpillError) -> bool {
 pub fn verdict(e: &SpillError, cancelled: bool, faults: bool) -> Verdict {
     match e {
         SpillError::Aborted if cancelled => Verdict::Aborted,
+        // A reader's state gone with its scope's normal close (the scope ends either way).
+        SpillError::ScopeClosed { .. } if cancelled => Verdict::Aborted,
         SpillError::Aborted => {
             Verdict::Bad(format!("Aborted although the task was not cancelled: {e}"))
         }
@@ -113,7 +115,14 @@ impl Op<'_> {
                 if !matches!(stage, "write" | "finish" | "read") {
                     self.ctx.stats.error(stage, &e);
                 }
-                if !matches!(e, SpillError::Aborted) {
+                // A reader's state gone with a normal close of its scope says so
+                // (`ScopeClosed`); after a cancel it is `Aborted`.
+                let expected = match &e {
+                    SpillError::Aborted => true,
+                    SpillError::ScopeClosed { .. } => !self.task.is_cancelled(),
+                    _ => false,
+                };
+                if !expected {
                     self.bad(
                         "api",
                         stage,
