@@ -706,7 +706,10 @@ impl Run<'_> {
                     Err(SpillError::Closed {
                         what: "published state",
                     }) if g.published.get() => {}
-                    Err(SpillError::Aborted) if life != Life::Open => {}
+                    // After a cancel `Aborted`; after a normal close `ScopeClosed` (the model
+                    // does not tell the two apart).
+                    Err(SpillError::Aborted | SpillError::ScopeClosed { .. })
+                        if life != Life::Open => {}
                     r => self.fail(format!(
                         "reader() (task {life:?}, published {}): {:?}",
                         g.published.get(),
@@ -730,7 +733,8 @@ impl Run<'_> {
                             done: false,
                         })
                     }
-                    Err(SpillError::Aborted) if life != Life::Open => {}
+                    Err(SpillError::Aborted | SpillError::ScopeClosed { .. })
+                        if life != Life::Open => {}
                     r => self.fail(format!("into_reader() (task {life:?}): {:?}", r.err())),
                 }
             }
@@ -897,7 +901,9 @@ impl Run<'_> {
                 self.readers[i].done = true;
                 false
             }
-            Err(SpillError::Aborted) if life != Life::Open || published => {
+            Err(SpillError::Aborted | SpillError::ScopeClosed { .. })
+                if life != Life::Open || published =>
+            {
                 stat("read_aborted");
                 self.readers[i].done = true;
                 false
@@ -962,9 +968,7 @@ impl Run<'_> {
             match spillring::SegmentReader::open(p).and_then(|r| r.collect::<Result<Vec<_>, _>>()) {
                 Ok(v)
                     if v.len() == parsed.records.len()
-                        && v.iter()
-                            .zip(&parsed.records)
-                            .all(|(a, r)| a[..] == r[..]) => {}
+                        && v.iter().zip(&parsed.records).all(|(a, r)| a[..] == r[..]) => {}
                 Ok(v) => self.fail(format!(
                     "published {}: SegmentReader read {} records, the parse {}",
                     p.display(),
