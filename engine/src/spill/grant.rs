@@ -252,6 +252,14 @@ impl StateInner {
         }
     }
 
+    /// A reader refused by `SpilledState::reader` / `into_reader`: [`StateInner::why_gone`],
+    /// counted in the metrics' errors by kind.
+    pub(crate) fn refused_reader(&self, e: SpillError) -> SpillError {
+        let e = self.why_gone(e);
+        self.core().counters.count_error(&e);
+        e
+    }
+
     /// Records the id the state got in its scope's registry.
     pub(crate) fn set_scope_id(&self, id: u64) {
         self.scope_id.store(id, Ordering::Release);

@@ -91,11 +91,9 @@ impl SpilledState {
     /// A reader over the records, in write order. Takes a grant; fails with `Aborted` if the
     /// scope already closed the state.
     pub fn reader(&self) -> Result<SpillReader> {
-        self.inner().acquire().map_err(|e| {
-            let e = self.inner().why_gone(e);
-            self.inner().core().counters.count_error(&e);
-            e
-        })?;
+        self.inner()
+            .acquire()
+            .map_err(|e| self.inner().refused_reader(e))?;
         Ok(SpillReader::new(Grant(self.inner().clone())))
     }
 
@@ -103,9 +101,7 @@ impl SpilledState {
     /// after its scope's normal close).
     pub fn into_reader(self) -> Result<SpillReader> {
         if self.inner().is_aborted() {
-            let e = self.inner().why_gone(SpillError::Aborted);
-            self.inner().core().counters.count_error(&e);
-            return Err(e);
+            return Err(self.inner().refused_reader(SpillError::Aborted));
         }
         Ok(SpillReader::new(self.grant))
     }
