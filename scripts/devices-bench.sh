@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# devices-bench.sh: the engine on throttled devices (scripts/slowdev.sh), against fio and
+# against itself, in interleaved pairs. Two sections:
+#
+#   devices  (issue 27) 1, 2 and 4 loop devices, each writing at most --mbps MB/s (direct
+#            I/O). Per device count N, pairs of: fio with N jobs, one per device (io_uring,
+#            1 MiB writes, iodepth 8, direct, --gib-per-device each), and one engine whose roots
+#            are the same N devices, 2 writers per root, the same bytes in 1 MiB random records,
+#            direct mode. The pair's order alternates. Figures: the engine's MB/s over N x the
+#            N=1 fio median (the devices' bandwidth), and engine / fio per pair.
+#   codec    (issue 26) one device at --codec-mbps MB/s (default 200): `Auto` against `None`
+#            on lineitem rows and on random 1 MiB records, direct mode, 2 writers; and the same
+#            random pair on the fast disk (the root under $SPILLRING_BENCH_ROOT or /var/tmp,
+#            not throttled). Each pair's order alternates.
+#
+# Usage: scripts/devices-bench.sh [--section devices|codec|all] [--pairs N (>= 5)]
+#                                 [--mbps M] [--codec-mbps M] [--gib-per-device G]
+#                                 [--counts "1 2 4"] [--quick] [--out DIR]
+#   --quick: 3 pairs of 256 MiB per device (a smoke run; its medians are not a report).
+# Writes DIR/devices.json and DIR/DEVICES.md (DIR defaults to results/). Needs root (the rig);
+# installs fio with apt-get when it is missing. Takes about 12 minutes with the defaults.
+set -euo pipefail
+
+given="$*"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+section=all
+pairs=5
+mbps=100
+codec_mbps=200
+gib=1
+counts="1 2 4"
+out="$repo/results"
+quick=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --section) section=$2; shift 2 ;;
+        --pairs) pairs=$2; shift 2 ;;
+        --mbps) mbps=$2; shift 2 ;;
+        --codec-mbps) codec_mbps=$2; shift 2 ;;
+        --gib-per-device) gib=$2; shift 2 ;;
+        --counts) counts=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --quick) quick=1; pairs=3; shift ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        *) echo "devices-bench.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+if (( pairs < 5 && quick == 0 )); then
+    echo "devices-bench.sh: need at least 5 pairs for a median (got $pairs)" >&2
+    exit 2
+fi
+case "$section" in devices|codec|all) ;; *) echo "devices-bench.sh: --section devices, codec or all" >&2; exit 2 ;; esac
+bytes_per_dev=$(( gib << 30 ))
+(( quick )) && bytes_per_dev=$(( 256 << 20 ))
+
+if ! command -v fio >/dev/null 2>&1; then
+    echo "devices-bench.sh: installing fio" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null
+fi
+
+cd "$repo"
+exe=$(cargo bench -p spillring-benches --bench devices --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "devices" and m.get("executable"):
+        print(m["executable"])
+')
+[[ -n "$exe" ]] || { echo "devices-bench.sh: could not build the devices bench" >&2; exit 1; }
+
+slow="$here/slowdev.sh"
+log=$(mktemp -d /tmp/spillring-devices-XXXXXX)
+trap '"$slow" down; rm -rf "$log"' EXIT
+max_n=1
+for n in $counts; do (( n > max_n )) && max_n=$n; done
+
+# fio over the first N mounts, one job per device; prints one JSON line.
+run_fio() {
+    local n=$1 args=() i
+    mapfile -t mounts < <("$slow" mounts)
+    for (( i = 0; i < n; i++ )); do
+        args+=(--name="dev$i" --filename="${mounts[$i]}/fio.bin")
+    done
+    "$slow" run fio --ioengine=io_uring --rw=write --bs=1M --iodepth=8 --direct=1 \
+        --fixedbufs=1 --registerfiles=1 --size="$bytes_per_dev" --unlink=1 --group_reporting \
+        --output-format=json "${args[@]}" | python3 -c '
+import json, sys
+t = sys.stdin.read()
+d = json.loads(t[t.index("{"):])
+w = d["jobs"][0]["write"]
+print(json.dumps({"impl": "fio", "mb_s": w["bw_bytes"] / 1e6, "bytes": w["io_bytes"]}))
+'
+}
+
+# The engine over the first N mounts (or the given roots); extra env as NAME=VALUE arguments.
+run_engine() {
+    local roots=$1 throttled=$2; shift 2
+    local cmd=(env SPILLRING_DEV_ROOTS="$roots" "$@" "$exe")
+    if (( throttled )); then "$slow" run "${cmd[@]}"; else "${cmd[@]}"; fi | tail -1
+}
+
+roots_of() {
+    mapfile -t mounts < <("$slow" mounts)
+    local IFS=:
+    echo "${mounts[*]:0:$1}"
+}
+
+: > "$log/runs.jsonl"
+record() { # section, n, pair, side, json
+    python3 -c 'import json, sys; d = json.loads(sys.argv[5]); d.update(section=sys.argv[1], n=int(sys.argv[2]), pair=int(sys.argv[3]), side=sys.argv[4]); print(json.dumps(d))' \
+        "$@" >> "$log/runs.jsonl"
+}
+
+if [[ $section == devices || $section == all ]]; then
+    "$slow" up --devices "$max_n" --mbps "$mbps" --size-gib $(( gib * 2 + 1 )) >/dev/null
+    for n in $counts; do
+        roots=$(roots_of "$n")
+        for (( p = 0; p < pairs; p++ )); do
+            for side in $( (( p % 2 == 0 )) && echo "fio engine" || echo "engine fio"); do
+                if [[ $side == fio ]]; then
+                    j=$(run_fio "$n")
+                else
+                    j=$(run_engine "$roots" 1 SPILLRING_DEV_BYTES=$(( bytes_per_dev * n )) \
+                        SPILLRING_DEV_WRITERS=$(( 2 * n )))
+                fi
+                record devices "$n" "$p" "$side" "$j"
+                echo "devices: N=$n pair $((p + 1)) $side $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(round(d.get("logical_mb_s", d.get("mb_s")), 1), "MB/s")' "$j")" >&2
+            done
+        done
+    done
+    "$slow" down
+fi
+
+if [[ $section == codec || $section == all ]]; then
+    "$slow" up --devices 1 --mbps "$codec_mbps" --size-gib $(( gib * 2 + 1 )) >/dev/null
+    slow_root=$(roots_of 1)
+    fast_root=$(mktemp -d "${SPILLRING_BENCH_ROOT:-/var/tmp}/spillring-devices-fast-XXXXXX")
+    for where in slow fast; do
+        for data in lineitem random; do
+            [[ $where == fast && $data == lineitem ]] && continue
+            root=$slow_root; thr=1
+            [[ $where == fast ]] && { root=$fast_root; thr=0; }
+            for (( p = 0; p < pairs; p++ )); do
+                for c in $( (( p % 2 == 0 )) && echo "none auto" || echo "auto none"); do
+                    j=$(run_engine "$root" "$thr" SPILLRING_DEV_BYTES="$bytes_per_dev" \
+                        SPILLRING_DEV_WRITERS=2 SPILLRING_DEV_DATA="$data" SPILLRING_DEV_COMPRESSION="$c")
+                    record "codec-$where-$data" 1 "$p" "$c" "$j"
+                    echo "codec: $where $data pair $((p + 1)) $c $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(round(d["logical_mb_s"], 1), "MB/s, physical/logical", round(d["physical_per_logical"], 3))' "$j")" >&2
+                done
+            done
+        done
+    done
+    rm -rf "$fast_root"
+    "$slow" down
+fi
+
+mkdir -p "$out"
+python3 "$here/devices_report.py" "$log/runs.jsonl" "$out" \
+    --command "scripts/devices-bench.sh $given" --mbps "$mbps" --codec-mbps "$codec_mbps" \
+    --bytes-per-device "$bytes_per_dev" --commit "$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo '+dirty')" \
+    --fio "$(fio --version)"
