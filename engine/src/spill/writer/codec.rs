@@ -20,6 +20,10 @@ const AUTO_SAMPLE: usize = 64 << 10;
 const AUTO_KEEP: u32 = 8;
 /// The longest back-off (in blocks) on incompressible data.
 const AUTO_MAX_BACKOFF: u32 = 256;
+/// The longest back-off (in blocks) on data a codec shrinks but that does not pay at the
+/// writer's current device cost: that cost changes (a device that slows, other writers), so
+/// the trials come back sooner than on incompressible data.
+const AUTO_MAX_NOT_NOW: u32 = 32;
 /// Space pressure from which `Auto` compresses to save space: an eighth of a bound in use.
 pub(crate) const SPACE_LOW: f64 = 0.125;
 /// Space pressure from which `Auto` also tries zstd level 3: half a bound in use.
@@ -138,6 +142,8 @@ impl AutoPolicy {
     /// device (it is the bottleneck itself) gains nothing from writing fewer bytes and only
     /// pays the CPU: it stores raw. (Measuring the wall time between blocks alone made a
     /// compressing writer, slowed by its own CPU, see a slow device and keep compressing.)
+    /// Raw on data a codec shrinks by a tenth backs off at most [`AUTO_MAX_NOT_NOW`] blocks;
+    /// data no codec shrinks that much backs off up to [`AUTO_MAX_BACKOFF`].
     pub(crate) fn choose(
         &mut self,
         sample: usize,
@@ -145,29 +151,42 @@ impl AutoPolicy {
         zstd: TrialResult,
         cost: DeviceCost,
     ) -> Codec {
-        let gain = |t: TrialResult| {
-            t.map(|(out, ns)| {
-                let freed = sample.saturating_sub(out) as f64 * cost.ns_per_byte;
-                freed.min(sample as f64 * cost.wait_ns_per_byte) - ns as f64
-            })
-        };
         let mut best = (Codec::Raw, 0.0f64);
-        if let Some(g) = gain(lz4)
-            && g > best.1
-        {
-            best = (Codec::Lz4, g);
+        for (codec, t) in [(Codec::Lz4, lz4), (Codec::Zstd(1), zstd)] {
+            if let Some(g) = Self::gain(sample, t, cost)
+                && g > best.1
+            {
+                best = (codec, g);
+            }
         }
-        if let Some(g) = gain(zstd)
-            && g > best.1
-        {
-            best = (Codec::Zstd(1), g);
+        let shrank = |t: TrialResult| {
+            t.is_some_and(|(out, _)| out as f64 <= sample as f64 * (1.0 - SPACE_SAVES[0]))
+        };
+        if best.0 == Codec::Raw && (shrank(lz4) || shrank(zstd)) {
+            // Compressible, but no codec pays at this cost, which changes: try again sooner.
+            self.back_off(AUTO_MAX_NOT_NOW);
+            return Codec::Raw;
         }
         self.keep(best.0)
     }
 
+    /// The writer time a trial's codec frees over `sample` bytes, less its CPU (`None`: the
+    /// codec did not shrink the sample).
+    pub(crate) fn gain(sample: usize, t: TrialResult, cost: DeviceCost) -> Option<f64> {
+        t.map(|(out, ns)| {
+            let freed = sample.saturating_sub(out) as f64 * cost.ns_per_byte;
+            freed.min(sample as f64 * cost.wait_ns_per_byte) - ns as f64
+        })
+    }
+
     /// A block the codec did not shrink: raw, and the next trials further off.
     pub(crate) fn failed(&mut self) {
-        self.backoff = (self.backoff * 2).clamp(1, AUTO_MAX_BACKOFF);
+        self.back_off(AUTO_MAX_BACKOFF);
+    }
+
+    /// Raw for the next blocks: the back-off doubles, up to `max` blocks.
+    fn back_off(&mut self, max: u32) {
+        self.backoff = (self.backoff * 2).clamp(1, max);
         self.skip = self.backoff;
         self.sticky = Codec::Raw;
     }
@@ -248,7 +267,11 @@ impl CodecState {
                 let sample = &raw[..raw.len().min(AUTO_SAMPLE)];
                 self.scratch.resize(sample.len(), 0);
                 let lz4 = trial(Codec::Lz4, sample, &mut self.scratch);
-                let zstd = if lz4.is_some() {
+                // zstd (slower, smaller) is tried for time only when lz4 pays: where lz4's
+                // CPU costs more than the device time it frees, zstd's far larger CPU does too.
+                let lz4_pays =
+                    AutoPolicy::gain(sample.len(), lz4, self.cost()).is_some_and(|g| g > 0.0);
+                let zstd = if lz4.is_some() && (level >= 1 || lz4_pays) {
                     trial(Codec::Zstd(1), sample, &mut self.scratch)
                 } else {
                     None
@@ -450,5 +473,40 @@ mod tests {
             Codec::Lz4
         );
         assert_eq!(p.backoff, 0);
+    }
+
+    #[test]
+    fn compressible_data_that_does_not_pay_now_gets_trials_again_sooner() {
+        let mut p = AutoPolicy::new();
+        // A fast device: lz4 halves the sample but its CPU costs more than the time it frees.
+        let mut trials = 0;
+        for _ in 0..2000 {
+            if p.next_block().is_none() {
+                trials += 1;
+                assert_eq!(
+                    p.choose(65536, Some((32768, 20_000)), None, bound(0.1)),
+                    Codec::Raw
+                );
+            }
+        }
+        // 1 + 2 + ... + 32, then every 33 blocks: at least 2000 / 33 trials; incompressible
+        // data gets at most 16 in as many blocks (the test above).
+        assert!(trials >= 60, "{trials} trials in 2000 blocks");
+        assert_eq!(p.backoff, AUTO_MAX_NOT_NOW);
+        // The device slows: the next trial keeps lz4 and ends the back-off.
+        while p.next_block().is_some() {}
+        assert_eq!(
+            p.choose(65536, Some((32768, 20_000)), None, bound(5.0)),
+            Codec::Lz4
+        );
+        assert_eq!(p.backoff, 0);
+        // A sample shrunk by less than a tenth counts as incompressible: the long back-off.
+        let mut q = AutoPolicy::new();
+        for _ in 0..2000 {
+            if q.next_block().is_none() {
+                q.choose(65536, Some((63000, 20_000)), None, bound(0.1));
+            }
+        }
+        assert_eq!(q.backoff, AUTO_MAX_BACKOFF);
     }
 }
