@@ -12,8 +12,11 @@
 #            on lineitem rows and on random 1 MiB records, direct mode, 2 writers; and the same
 #            random pair on the fast disk (the root under $SPILLRING_BENCH_ROOT or /var/tmp,
 #            not throttled). Each pair's order alternates.
+#   quota    (issue 26) lineitem rows with `Auto` under a quota (max_spill_bytes) of half
+#            their logical bytes, on the fast disk, --pairs runs: does the spill fit, and in
+#            how much of its logical size.
 #
-# Usage: scripts/devices-bench.sh [--section devices|codec|all] [--pairs N (>= 5)]
+# Usage: scripts/devices-bench.sh [--section devices|codec|quota|all] [--pairs N (>= 5)]
 #                                 [--mbps M] [--codec-mbps M] [--gib-per-device G]
 #                                 [--counts "1 2 4"] [--quick] [--out DIR]
 #   --quick: 3 pairs of 256 MiB per device (a smoke run; its medians are not a report).
@@ -42,7 +45,7 @@ while [[ $# -gt 0 ]]; do
         --counts) counts=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --quick) quick=1; pairs=3; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "devices-bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -50,7 +53,7 @@ if (( pairs < 5 && quick == 0 )); then
     echo "devices-bench.sh: need at least 5 pairs for a median (got $pairs)" >&2
     exit 2
 fi
-case "$section" in devices|codec|all) ;; *) echo "devices-bench.sh: --section devices, codec or all" >&2; exit 2 ;; esac
+case "$section" in devices|codec|quota|all) ;; *) echo "devices-bench.sh: --section devices, codec or all" >&2; exit 2 ;; esac
 bytes_per_dev=$(( gib << 30 ))
 (( quick )) && bytes_per_dev=$(( 256 << 20 ))
 
@@ -61,6 +64,8 @@ if ! command -v fio >/dev/null 2>&1; then
 fi
 
 cd "$repo"
+# The commit the binaries are built from (the tree may change while the bench runs).
+commit="$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD || echo '+dirty')"
 exe=$(cargo bench -p spillring-benches --bench devices --no-run --message-format=json 2>/dev/null \
     | python3 -c '
 import json, sys
@@ -160,8 +165,20 @@ if [[ $section == codec || $section == all ]]; then
     "$slow" down
 fi
 
+if [[ $section == quota || $section == all ]]; then
+    qroot=$(mktemp -d "${SPILLRING_BENCH_ROOT:-/var/tmp}/spillring-devices-quota-XXXXXX")
+    for (( p = 0; p < pairs; p++ )); do
+        j=$(run_engine "$qroot" 0 SPILLRING_DEV_BYTES="$bytes_per_dev" SPILLRING_DEV_WRITERS=2 \
+            SPILLRING_DEV_DATA=lineitem SPILLRING_DEV_COMPRESSION=auto \
+            SPILLRING_DEV_QUOTA=$(( bytes_per_dev / 2 )))
+        record quota 1 "$p" auto "$j"
+        echo "quota: run $((p + 1)) $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("error:", d["error"]) if d["error"] else print(round(d["logical_mb_s"], 1), "MB/s, physical/logical", round(d["physical_per_logical"], 3))' "$j")" >&2
+    done
+    rm -rf "$qroot"
+fi
+
 mkdir -p "$out"
 python3 "$here/devices_report.py" "$log/runs.jsonl" "$out" \
     --command "scripts/devices-bench.sh $given" --mbps "$mbps" --codec-mbps "$codec_mbps" \
-    --bytes-per-device "$bytes_per_dev" --commit "$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo '+dirty')" \
+    --bytes-per-device "$bytes_per_dev" --commit "$commit" \
     --fio "$(fio --version)"

@@ -52,17 +52,34 @@ def main():
     ap.add_argument("--codec-mbps", type=int, required=True)
     ap.add_argument("--bytes-per-device", type=int, required=True)
     a = ap.parse_args()
-    runs = [json.loads(l) for l in open(a.runs) if l.strip()]
+    new = [json.loads(l) for l in open(a.runs) if l.strip()]
+    for r in new:
+        r.update(command=a.command, commit=a.commit, bytes_per_device=a.bytes_per_device,
+                 limit_mbps=a.mbps if r["section"] == "devices" else a.codec_mbps)
+    # Sections this run did not measure keep their runs from the report already there (each
+    # run names the command and commit that made it).
+    fresh = {r["section"] for r in new}
+    old = []
+    try:
+        with open(os.path.join(a.out, "devices.json")) as f:
+            old = [r for r in json.load(f).get("runs", []) if r["section"] not in fresh]
+    except (OSError, ValueError, KeyError):
+        old = []
+    runs = old + new
+
+    def first(section):
+        return next(r for r in runs if r["section"] == section)
 
     def pairs(section, n, side):
         got = {r["pair"]: r for r in runs if r["section"] == section and r["n"] == n and r["side"] == side}
         return got
 
-    doc = {"bench": "devices", "command": a.command, "commit": a.commit, "machine": machine(),
+    made = sorted({(r.get("command", "?"), r.get("commit", "?")) for r in runs})
+    doc = {"bench": "devices", "made_by": [{"command": c, "commit": k} for c, k in made], "machine": machine(),
            "fio": a.fio, "device_mbps_limit": a.mbps, "codec_device_mbps_limit": a.codec_mbps,
            "bytes_per_device": a.bytes_per_device, "runs": runs, "devices": [], "codec": []}
     md = ["# Devices: throttled loop devices as spill roots", "",
-          f"Command: `{a.command}` at `{a.commit}`, on {machine()}; {a.fio}.", "",
+          "Made by " + "; ".join(f"`{c}` at `{k}`" for c, k in made) + f", on {machine()}; {a.fio}.", "",
           "Rig: `scripts/slowdev.sh`: loop-device ext4 filesystems on sparse images on this",
           "machine's shared disk, each device's direct writes throttled by the cgroup v1",
           "`blkio.throttle.write_bps_device`; fio and the engine run in that cgroup. Pairs run",
@@ -74,7 +91,8 @@ def main():
         fio1 = [r["mb_s"] for r in pairs("devices", 1, "fio").values()] if 1 in counts else []
         one = med(fio1)
         md += ["## Several devices (issue 27)", "",
-               f"Each device limited to {a.mbps} MB/s; {a.bytes_per_device >> 20} MiB per device per run.",
+               f"Each device limited to {first('devices')['limit_mbps']} MB/s; "
+               f"{first('devices')['bytes_per_device'] >> 20} MiB per device per run.",
                "fio: one io_uring job per device (1 MiB writes, iodepth 8, direct). Engine: one engine",
                "whose roots are the N devices, 2 writers per root, 1 MiB random records, direct mode.",
                "One device's bandwidth is the N=1 fio median.", "",
@@ -104,9 +122,9 @@ def main():
     if codec_sections:
         goals = {"codec-slow-lineitem": 1.5, "codec-slow-random": 0.95, "codec-fast-random": 0.95}
         md += ["## Auto against None on a slow device (issue 26)", "",
-               f"Slow: one device limited to {a.codec_mbps} MB/s. Fast: a directory on this machine's",
+               f"Slow: one device limited to {first(codec_sections[0])['limit_mbps']} MB/s. Fast: a directory on this machine's",
                "disk, not throttled. One engine per run, 2 writers, direct mode,",
-               f"{a.bytes_per_device >> 20} MiB logical per run.", "",
+               f"{first(codec_sections[0])['bytes_per_device'] >> 20} MiB logical per run.", "",
                "| where | data | None MB/s | Auto MB/s | Auto / None | goal | Auto physical / logical | Auto blocks raw / lz4 / zstd (median run) | producer CPU Auto / None |",
                "|---|---|---|---|---|---|---|---|---|"]
         for s in codec_sections:
@@ -130,6 +148,26 @@ def main():
                       f"{fmt(ratio and row['auto_over_none'])} | >= {goals[s]} | {med(phys):.3f} | {blocks} | "
                       f"{fmt(row['producer_cpu_auto_over_none'])} |")
         md.append("")
+
+    quota = [r for r in runs if r["section"] == "quota"]
+    if quota:
+        ok = [r for r in quota if not r.get("error")]
+        phys = [r["physical_per_logical"] for r in ok]
+        row = {"runs": len(quota), "succeeded": len(ok), "physical_per_logical": spread(phys),
+               "mb_s": spread([r["logical_mb_s"] for r in ok]),
+               "errors": [r["error"] for r in quota if r.get("error")], "goal_max": 0.4,
+               "met": len(ok) == len(quota) and bool(phys) and max(phys) <= 0.4}
+        doc["quota"] = row
+        q = quota[0]
+        md += ["## Auto under a quota of half the logical bytes (issue 26)", "",
+               f"Lineitem rows, {q['logical_bytes'] >> 20 if ok else q['bytes_per_device'] >> 20} MiB logical per run,"
+               f" `max_spill_bytes` {q['quota_bytes'] >> 20} MiB, `Auto`, 2 writers, direct mode, fast disk.", "",
+               "| runs | succeeded | physical / logical | goal | MB/s |", "|---|---|---|---|---|",
+               f"| {row['runs']} | {row['succeeded']} | "
+               + (f"{med(phys):.3f} ({min(phys):.3f}-{max(phys):.3f})" if phys else "-")
+               + f" | <= 0.4 | {row['mb_s']['median'] or 0:.1f} |", ""]
+        if row["errors"]:
+            md += ["Errors: " + "; ".join(sorted(set(row["errors"]))), ""]
 
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "devices.json"), "w") as f:

@@ -15,7 +15,9 @@
 //! - `SPILLRING_DEV_DATA`: `random` (default; `SPILLRING_DEV_RECORD` bytes per record, default
 //!   1 MiB) or `lineitem` (TPC-H-like text rows, ~130 bytes each, from a 64 MiB pool replayed);
 //! - `SPILLRING_DEV_COMPRESSION`: `none` (default), `auto`, `lz4`, `zstd1`;
-//! - `SPILLRING_DEV_MODE`: `direct` (default) or `buffered`.
+//! - `SPILLRING_DEV_MODE`: `direct` (default) or `buffered`;
+//! - `SPILLRING_DEV_QUOTA`: the engine's `max_spill_bytes` (default none). A run a bound
+//!   refuses prints `"error"` with the writers' first error instead of its figures.
 //!
 //! Output: logical MB/s, physical MB/s, physical / logical, process CPU s per logical GiB
 //! (every thread: the producers, the ring, the offload pool), the producers' own CPU s per GiB
@@ -104,6 +106,10 @@ fn main() {
     let mut cfg = EngineConfig::new(&roots[0])
         .mode(mode)
         .compression(compression(&codec));
+    let quota = env_num("SPILLRING_DEV_QUOTA", 0) as u64;
+    if quota > 0 {
+        cfg = cfg.max_spill_bytes(quota);
+    }
     for r in &roots[1..] {
         cfg = cfg.add_root(r);
     }
@@ -121,13 +127,14 @@ fn main() {
                     barrier.wait();
                     let c0 = thread_cpu();
                     let (mut written, mut i) = (0usize, w * 7919);
-                    while written < per_writer {
+                    let mut wrote = Ok(());
+                    while written < per_writer && wrote.is_ok() {
                         let r = set.get(i % set.len());
-                        wr.write_slice(r).expect("engine write");
+                        wrote = wr.write_slice(r);
                         written += r.len();
                         i += 1;
                     }
-                    let state = wr.finish().expect("finish");
+                    let state = wrote.and_then(|()| wr.finish());
                     (thread_cpu() - c0, state, task)
                 })
             })
@@ -139,12 +146,13 @@ fn main() {
         for h in handles {
             let (c, state, task) = h.join().expect("writer thread");
             producer += c;
-            states.push((state, task));
+            states.push((state.map_err(|e| e.to_string()), task));
         }
         let (wall, cpu) = (t0.elapsed(), process_cpu() - cpu0);
         (wall, producer, cpu, states, files_per_root(&roots))
     });
     let m = engine.metrics();
+    let error = states.iter().find_map(|(s, _)| s.as_ref().err().cloned());
     drop(states);
     assert!(engine.settle(Duration::from_secs(300)), "engine settles");
     let logical = m.logical_bytes_written - m0.logical_bytes_written;
@@ -165,7 +173,7 @@ fn main() {
             "blocks_raw": m.blocks_raw - m0.blocks_raw,
             "blocks_lz4": m.blocks_lz4 - m0.blocks_lz4,
             "blocks_zstd": m.blocks_zstd - m0.blocks_zstd,
-            "files_per_root": files,
+            "files_per_root": files, "quota_bytes": quota, "error": error,
             "backend": format!("{:?}", engine.backend()),
         })
     );
