@@ -16,6 +16,9 @@
 #   scripts/slowdev.sh down          unmounts, detaches and deletes everything `up` made
 #   scripts/slowdev.sh check         up 1 device, time a 256 MiB `dd oflag=direct` in and out
 #                                    of the cgroup, down; fails unless the throttle holds
+#   scripts/slowdev.sh test          check, then up 1 device at 100 MB/s and run the engine's
+#                                    tests that need a slow device (ignored otherwise) in the
+#                                    cgroup, with SPILLRING_SLOW_ROOT set; down
 #
 # Needs root, cgroup v1 blkio mounted at /sys/fs/cgroup/blkio, losetup and mkfs.ext4. The
 # inner filesystems are mounted with `discard`, so deleted files give their image space back.
@@ -113,12 +116,26 @@ check() {
         || die "the throttle did not hold: ${slow} MB/s under a 100 MB/s limit"
 }
 
+slow_tests() {
+    check
+    local m
+    m=$(up --devices 1 --mbps 100 --size-gib 2)
+    trap down EXIT
+    SPILLRING_SLOW_ROOT=$m run_in cargo nextest run -p spillring --test codecs --run-ignored only \
+        --no-fail-fast --no-capture auto_compresses_lineitem_rows_on_a_slow_device
+}
+
+run_in() {
+    ( echo $BASHPID > "$cg/tasks" && exec "$@" )
+}
+
 case "${1:-}" in
     up) shift; up "$@" ;;
     down) need_root; down ;;
     mounts) [[ -f "$dir/mounts" ]] || die "no rig is up"; cat "$dir/mounts" ;;
     run) shift; [[ $# -gt 0 ]] || die "run needs a command"; run "$@" ;;
     check) need_root; check ;;
-    -h|--help|"") sed -n '2,26p' "$0" ;;
+    test) need_root; slow_tests ;;
+    -h|--help|"") sed -n '2,29p' "$0" ;;
     *) die "unknown command $1 (up, mounts, run, down, check)" ;;
 esac

@@ -435,3 +435,53 @@ fn auto_compresses_as_the_roots_filesystem_fills(b: BackendKind) {
     drop((r, state));
     assert_clean(&engine, &root);
 }
+
+/// On a slow device `Auto` compresses for time: the writer waits for the device, and the
+/// device time lz4's or zstd's saved bytes free pays for their CPU. Before `22f3222`, a trial
+/// that did not pay at one moment backed off as on incompressible data (up to 256 blocks), and
+/// on a 200 MB/s device `Auto` stored 215 of 274 lineitem blocks raw. The device is a loop
+/// filesystem whose writes `scripts/slowdev.sh` throttles, with this test in its cgroup:
+/// `scripts/slowdev.sh test` (which `.ci/run` runs) sets it up, runs this test there, and
+/// tears it down. Run without it, the test fails: it needs `SPILLRING_SLOW_ROOT`.
+#[test]
+#[ignore = "needs a throttled device: run by `scripts/slowdev.sh test` (and so by .ci/run)"]
+fn auto_compresses_lineitem_rows_on_a_slow_device() {
+    let root = std::env::var("SPILLRING_SLOW_ROOT")
+        .expect("SPILLRING_SLOW_ROOT: a root on a device scripts/slowdev.sh throttles");
+    let rows = lineitem_rows(256 << 20);
+    let dir = tempfile::tempdir_in(&root).unwrap();
+    let engine = Engine::open(
+        spillring::EngineConfig::new(dir.path())
+            .mode(WriteMode::Direct)
+            .compression(Compression::Auto),
+    )
+    .unwrap();
+    let task = engine.task("slow-device").unwrap();
+    let mut w = task.writer().unwrap();
+    for r in &rows {
+        w.write_slice(r).unwrap();
+    }
+    let state = w.finish().unwrap();
+    let m = engine.metrics();
+    let compressed = m.blocks_lz4 + m.blocks_zstd;
+    let ratio = m.physical_bytes_written as f64 / m.logical_bytes_written as f64;
+    eprintln!(
+        "slow device: blocks raw/lz4/zstd {}/{}/{}, physical/logical {ratio:.3}",
+        m.blocks_raw, m.blocks_lz4, m.blocks_zstd
+    );
+    assert!(
+        compressed >= 2 * m.blocks_raw,
+        "Auto stored {} of {} blocks raw on a slow device",
+        m.blocks_raw,
+        m.blocks_raw + compressed
+    );
+    assert!(ratio <= 0.7, "stored {ratio:.3} of the logical bytes");
+    let mut r = state.reader().unwrap();
+    for want in &rows {
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &want[..]);
+    }
+    assert!(r.next_record().unwrap().is_none());
+    drop((r, state));
+    task.close();
+    assert!(engine.settle(Duration::from_secs(30)));
+}

@@ -261,7 +261,7 @@ impl Blocks {
         buf.space()[ob.at..body].copy_from_slice(&header);
         buf.space()[end..end + padn].fill(0);
         buf.len += padn;
-        codec.observe(buf.len);
+        codec.observe(buf.len, BLOCK_HEADER_LEN + raw_len, nanos);
         count_block(
             core,
             chosen,

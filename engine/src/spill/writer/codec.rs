@@ -24,6 +24,9 @@ const AUTO_MAX_BACKOFF: u32 = 256;
 /// writer's current device cost: that cost changes (a device that slows, other writers), so
 /// the trials come back sooner than on incompressible data.
 const AUTO_MAX_NOT_NOW: u32 = 32;
+/// How much more gain zstd needs over lz4 to be taken for time: the model leaves out what a
+/// CPU-bound writer takes from the other threads on the host.
+const TIME_STRONGER: f64 = 1.1;
 /// Space pressure from which `Auto` compresses to save space: an eighth of a bound in use.
 pub(crate) const SPACE_LOW: f64 = 0.125;
 /// Space pressure from which `Auto` also tries zstd level 3: half a bound in use.
@@ -47,12 +50,14 @@ pub(crate) struct AutoPolicy {
     space_level: u8,
 }
 
-/// What writing costs the writer, per physical byte: wall time between its blocks, and of that
-/// the time it waited for its writes in flight (a full queue or the drain at `finish`).
+/// What the writer's two stages cost, as `Auto` last measured them: the device, in wall time
+/// per physical byte while the writer waited for it (0 until the writer has waited: the device
+/// has not been its bottleneck), and the producer, in the writer's own time per logical byte
+/// without codec or waits (the copies, the framing, the caller's work between writes).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DeviceCost {
-    pub(crate) ns_per_byte: f64,
-    pub(crate) wait_ns_per_byte: f64,
+    pub(crate) device_ns_per_byte: f64,
+    pub(crate) producer_ns_per_byte: f64,
 }
 
 /// One codec's result on a sample: bytes out and nanoseconds taken (`None`: did not shrink).
@@ -135,13 +140,15 @@ impl AutoPolicy {
         None
     }
 
-    /// Chooses from a trial on `sample` bytes at the device cost the writer sees. A codec's
-    /// gain is the writer time its saved bytes free, less its CPU: the saved bytes' device
-    /// time, but never more than the time the writer spent waiting for the device over the
-    /// sample's bytes. Writes run behind the writer, so a writer that never waits for the
-    /// device (it is the bottleneck itself) gains nothing from writing fewer bytes and only
-    /// pays the CPU: it stores raw. (Measuring the wall time between blocks alone made a
-    /// compressing writer, slowed by its own CPU, see a slow device and keep compressing.)
+    /// Chooses from a trial on `sample` bytes at the costs the writer measured. Writes run
+    /// behind the producer, so a sample takes the longer of its two stages: raw, the longer of
+    /// the producer's time and the device's for every byte; with a codec, the longer of the
+    /// producer's time plus the codec's and the device's for the bytes out. A codec's gain is
+    /// the difference. A writer the device never held back (device cost 0) gains nothing and
+    /// stores raw; one that compresses until it is CPU-bound gains less than one that stays
+    /// device-bound, and the stronger codec is taken only for [`TIME_STRONGER`] more gain.
+    /// (Capping the gain by the time the writer waited, as before, made a writer that
+    /// compressed with zstd stop waiting and fall back to raw, then wait and compress again.)
     /// Raw on data a codec shrinks by a tenth backs off at most [`AUTO_MAX_NOT_NOW`] blocks;
     /// data no codec shrinks that much backs off up to [`AUTO_MAX_BACKOFF`].
     pub(crate) fn choose(
@@ -152,9 +159,13 @@ impl AutoPolicy {
         cost: DeviceCost,
     ) -> Codec {
         let mut best = (Codec::Raw, 0.0f64);
-        for (codec, t) in [(Codec::Lz4, lz4), (Codec::Zstd(1), zstd)] {
+        for (codec, t, more) in [
+            (Codec::Lz4, lz4, 1.0),
+            (Codec::Zstd(1), zstd, TIME_STRONGER),
+        ] {
             if let Some(g) = Self::gain(sample, t, cost)
-                && g > best.1
+                && g > 0.0
+                && g > best.1 * more
             {
                 best = (codec, g);
             }
@@ -170,12 +181,14 @@ impl AutoPolicy {
         self.keep(best.0)
     }
 
-    /// The writer time a trial's codec frees over `sample` bytes, less its CPU (`None`: the
-    /// codec did not shrink the sample).
+    /// The writer time a trial's codec saves over `sample` bytes in the two-stage model of
+    /// [`AutoPolicy::choose`] (`None`: the codec did not shrink the sample).
     pub(crate) fn gain(sample: usize, t: TrialResult, cost: DeviceCost) -> Option<f64> {
         t.map(|(out, ns)| {
-            let freed = sample.saturating_sub(out) as f64 * cost.ns_per_byte;
-            freed.min(sample as f64 * cost.wait_ns_per_byte) - ns as f64
+            let produce = sample as f64 * cost.producer_ns_per_byte;
+            let raw = produce.max(sample as f64 * cost.device_ns_per_byte);
+            let coded = (produce + ns as f64).max(out as f64 * cost.device_ns_per_byte);
+            raw - coded
         })
     }
 
@@ -196,10 +209,10 @@ impl AutoPolicy {
 pub(super) struct CodecState {
     pub(super) mode: Compression,
     pub(super) auto: AutoPolicy,
-    /// Wall time per physical byte written, smoothed (`Auto`'s device cost).
-    pub(super) ns_per_byte: f64,
-    /// Of that, the time spent waiting for writes in flight, per physical byte, smoothed.
-    pub(super) wait_ns_per_byte: f64,
+    /// `Auto`'s costs, updated from the blocks since the last trial ([`Window`]).
+    pub(super) cost: DeviceCost,
+    /// The blocks since the last trial.
+    pub(super) window: Window,
     /// Waiting since the last block (added by `poll_inflight_below`).
     pub(super) waited_ns: u64,
     /// When an async wait for writes in flight returned `Pending`.
@@ -217,9 +230,12 @@ impl CodecState {
         CodecState {
             mode,
             auto: AutoPolicy::new(),
-            // 1 GB/s until measured.
-            ns_per_byte: 1.0,
-            wait_ns_per_byte: 1.0,
+            // Until the writer waits, the device is not its bottleneck.
+            cost: DeviceCost {
+                device_ns_per_byte: 0.0,
+                producer_ns_per_byte: 0.0,
+            },
+            window: Window::default(),
             waited_ns: 0,
             pending_since: None,
             last_block: None,
@@ -228,26 +244,25 @@ impl CodecState {
         }
     }
 
-    /// Records a block of `bytes` written now: the rate the writer sees.
-    pub(super) fn observe(&mut self, bytes: usize) {
+    /// Records a block sealed now: `physical` bytes out of `logical` in, `codec_ns` spent
+    /// compressing it (and choosing its codec).
+    pub(super) fn observe(&mut self, physical: usize, logical: usize, codec_ns: u64) {
         let now = Instant::now();
         if let Some(t) = self.last_block.replace(now)
-            && bytes > 0
+            && physical > 0
         {
-            let ns = now.duration_since(t).as_nanos() as f64 / bytes as f64;
-            self.ns_per_byte = 0.8 * self.ns_per_byte + 0.2 * ns.clamp(0.01, 1000.0);
-            let w = self.waited_ns as f64 / bytes as f64;
-            self.wait_ns_per_byte = 0.8 * self.wait_ns_per_byte + 0.2 * w.clamp(0.0, 1000.0);
+            let ns = now.duration_since(t).as_nanos() as u64;
+            self.window
+                .add(ns, self.waited_ns, codec_ns, physical, logical);
         }
         self.waited_ns = 0;
     }
 
-    /// The cost `Auto` weighs a trial against.
-    pub(super) fn cost(&self) -> DeviceCost {
-        DeviceCost {
-            ns_per_byte: self.ns_per_byte,
-            wait_ns_per_byte: self.wait_ns_per_byte,
-        }
+    /// The costs `Auto` weighs a trial against, updated from the window since the last trial
+    /// (then a new window starts).
+    pub(super) fn cost(&mut self) -> DeviceCost {
+        self.window.take_into(&mut self.cost);
+        self.cost
     }
 
     /// The codec for a block of `raw` bytes, and the nanoseconds its choice took: fixed, or
@@ -269,8 +284,8 @@ impl CodecState {
                 let lz4 = trial(Codec::Lz4, sample, &mut self.scratch);
                 // zstd (slower, smaller) is tried for time only when lz4 pays: where lz4's
                 // CPU costs more than the device time it frees, zstd's far larger CPU does too.
-                let lz4_pays =
-                    AutoPolicy::gain(sample.len(), lz4, self.cost()).is_some_and(|g| g > 0.0);
+                let cost = self.cost();
+                let lz4_pays = AutoPolicy::gain(sample.len(), lz4, cost).is_some_and(|g| g > 0.0);
                 let zstd = if lz4.is_some() && (level >= 1 || lz4_pays) {
                     trial(Codec::Zstd(1), sample, &mut self.scratch)
                 } else {
@@ -284,7 +299,7 @@ impl CodecState {
                 let c = if level >= 1 {
                     self.auto.choose_for_space(sample.len(), lz4, zstd, zstd3)
                 } else {
-                    self.auto.choose(sample.len(), lz4, zstd, self.cost())
+                    self.auto.choose(sample.len(), lz4, zstd, cost)
                 };
                 (c, t0.elapsed().as_nanos() as u64)
             }
@@ -305,6 +320,52 @@ impl CodecState {
     }
 }
 
+/// The blocks a writer wrote since `Auto`'s last trial: their wall time, the part of it spent
+/// waiting for writes in flight and compressing, and their physical and logical bytes. Summed
+/// over the window, not smoothed per block: a writer waits in bursts (a full queue, then none
+/// while it fills again), and a per-block average swung from 21 to 0.4 ns per byte between
+/// trials on a steadily slow device.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(super) struct Window {
+    ns: u64,
+    wait_ns: u64,
+    codec_ns: u64,
+    physical: u64,
+    logical: u64,
+}
+
+/// The share of a window's wall time spent waiting from which the device counts as the
+/// writer's bottleneck (its wall time per physical byte is then the device's).
+const DEVICE_BOUND: f64 = 0.1;
+
+impl Window {
+    fn add(&mut self, ns: u64, wait_ns: u64, codec_ns: u64, physical: usize, logical: usize) {
+        self.ns += ns;
+        self.wait_ns += wait_ns.min(ns);
+        self.codec_ns += codec_ns;
+        self.physical += physical as u64;
+        self.logical += logical as u64;
+    }
+
+    /// Updates `cost` from the window, and starts a new one. A window in which the writer
+    /// waited [`DEVICE_BOUND`] of its time measures the device; one in which it did not shows
+    /// the device kept up with the writer's output, so the device cost is at most that.
+    fn take_into(&mut self, cost: &mut DeviceCost) {
+        let w = std::mem::take(self);
+        if w.physical == 0 || w.logical == 0 {
+            return;
+        }
+        let wall = w.ns as f64 / w.physical as f64;
+        cost.device_ns_per_byte = if w.wait_ns as f64 >= DEVICE_BOUND * w.ns as f64 {
+            wall
+        } else {
+            cost.device_ns_per_byte.min(wall)
+        };
+        let own = w.ns.saturating_sub(w.wait_ns).saturating_sub(w.codec_ns);
+        cost.producer_ns_per_byte = own as f64 / w.logical as f64;
+    }
+}
+
 /// Compresses a sample with `codec`, timed: `None` if it does not shrink.
 fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)> {
     let t = Instant::now();
@@ -316,11 +377,11 @@ fn trial(codec: Codec, sample: &[u8], scratch: &mut [u8]) -> Option<(usize, u64)
 mod tests {
     use super::*;
 
-    /// A device-bound writer: it waits for the device all the time it is not copying.
+    /// A device-bound writer: the device takes `ns_per_byte`, the producer next to nothing.
     pub(super) fn bound(ns_per_byte: f64) -> DeviceCost {
         DeviceCost {
-            ns_per_byte,
-            wait_ns_per_byte: ns_per_byte,
+            device_ns_per_byte: ns_per_byte,
+            producer_ns_per_byte: 0.0,
         }
     }
 
@@ -331,8 +392,8 @@ mod tests {
         // (its producer, or its own compression): writes never make it wait, so fewer bytes
         // free no writer time and any codec only adds CPU.
         let cpu_bound = DeviceCost {
-            ns_per_byte: 100.0,
-            wait_ns_per_byte: 0.0,
+            device_ns_per_byte: 0.0,
+            producer_ns_per_byte: 100.0,
         };
         assert_eq!(
             p.choose(
@@ -346,10 +407,11 @@ mod tests {
         // Waiting a little: a codec pays only up to the wait it removes.
         while p.next_block().is_some() {}
         let some_wait = DeviceCost {
-            ns_per_byte: 100.0,
-            wait_ns_per_byte: 0.5,
+            device_ns_per_byte: 100.0,
+            producer_ns_per_byte: 99.5,
         };
-        // 64 KiB x 0.5 ns = 32.8 us of waiting: lz4 (20 us) pays, zstd (200 us) does not.
+        // The device is 0.5 ns/byte slower than the producer: 32.8 us over 64 KiB. lz4 (20 us)
+        // pays, zstd (200 us) makes the writer slower than the device by more than that.
         assert_eq!(
             p.choose(
                 65536,
@@ -473,6 +535,95 @@ mod tests {
             Codec::Lz4
         );
         assert_eq!(p.backoff, 0);
+    }
+
+    #[test]
+    fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
+        let mut c = CodecState::new(Compression::Auto);
+        assert_eq!(
+            c.cost(),
+            tests::bound(0.0),
+            "the device is no bottleneck until seen"
+        );
+        // Three blocks of 1,000 physical bytes from 2,000 logical: 10 us each, waits of 0, 0
+        // and 24 us (a burst, capped at its block's wall time), 3 us of codec in all. The
+        // writer waited a third of the time: the device costs 10 ns per physical byte; the
+        // producer's own time is 30 - 10 - 3 = 17 us over 6,000 bytes.
+        for wait in [0, 0, 24_000] {
+            c.window.add(10_000, wait, 1_000, 1000, 2000);
+        }
+        c.window.add(0, 0, 0, 0, 0);
+        let got = c.cost();
+        assert_eq!(got.device_ns_per_byte, 10.0);
+        assert!(
+            (got.producer_ns_per_byte - 17.0 / 6.0).abs() < 1e-9,
+            "{got:?}"
+        );
+        // No block since: the same costs again.
+        assert_eq!(c.cost(), got);
+        // A window with no waiting: the device kept up, so it costs at most the wall time per
+        // physical byte (4 here); a slower window without waits leaves it as it was.
+        c.window.add(4_000, 0, 0, 1000, 1000);
+        assert_eq!(c.cost().device_ns_per_byte, 4.0);
+        c.window.add(50_000, 1_000, 0, 1000, 1000);
+        assert_eq!(
+            c.cost().device_ns_per_byte,
+            4.0,
+            "waited 2%: not device-bound"
+        );
+        c.window.add(50_000, 10_000, 0, 1000, 1000);
+        assert_eq!(
+            c.cost().device_ns_per_byte,
+            50.0,
+            "waited 20%: device-bound"
+        );
+        // observe() feeds the window from the wall time between blocks and the waits counted.
+        let mut d = CodecState::new(Compression::Auto);
+        d.observe(1000, 2000, 7);
+        d.waited_ns = 5;
+        d.observe(1000, 3000, 9);
+        assert_eq!(d.waited_ns, 0);
+        assert_eq!(
+            (d.window.physical, d.window.logical, d.window.codec_ns),
+            (1000, 3000, 9),
+            "the first block only starts the clock"
+        );
+        assert_eq!(d.window.wait_ns, 5.min(d.window.ns));
+    }
+
+    #[test]
+    fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest() {
+        let mut p = AutoPolicy::new();
+        // A 100 MB/s device (10 ns/byte), a producer at 1 ns/byte: raw takes 655 us per 64 KiB.
+        // lz4: 200 us to 30 KiB (device 307 us): gain 348 us. zstd: 700 us to 18 KiB: the
+        // writer is CPU-bound at 765 us, slower than raw: no gain. lz4.
+        let cost = DeviceCost {
+            device_ns_per_byte: 10.0,
+            producer_ns_per_byte: 1.0,
+        };
+        assert_eq!(
+            p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), cost),
+            Codec::Lz4
+        );
+        // zstd within 10% of lz4's gain: lz4, the cheaper one.
+        while p.next_block().is_some() {}
+        let g = |out, ns| AutoPolicy::gain(65536, Some((out, ns)), cost).unwrap();
+        assert!(g(18432, 230_000) > g(30720, 200_000));
+        assert!(g(18432, 230_000) < 1.1 * g(30720, 200_000));
+        assert_eq!(
+            p.choose(65536, Some((30720, 200_000)), Some((18432, 230_000)), cost),
+            Codec::Lz4
+        );
+        // Much slower device (100 ns/byte): zstd's smaller output wins by far.
+        while p.next_block().is_some() {}
+        let slow = DeviceCost {
+            device_ns_per_byte: 100.0,
+            producer_ns_per_byte: 1.0,
+        };
+        assert_eq!(
+            p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), slow),
+            Codec::Zstd(1)
+        );
     }
 
     #[test]
