@@ -11,8 +11,8 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 
 use spillring::{
-    BackendKind, Bytes, Compression, Engine, FaultAction, FaultPlan, FaultPoint, SpillError,
-    SpilledState, TaskSpill, Trigger, WriteMode,
+    BackendKind, Bytes, Compression, Engine, EngineConfig, FaultAction, FaultPlan, FaultPoint,
+    SpillError, SpilledState, TaskSpill, Trigger, WriteMode,
 };
 
 per_backend!(
@@ -121,6 +121,24 @@ fn restore(path: &std::path::Path, at: u64, byte: u8) {
 
 /// `read_buffer_max`: segments up to it are read into a buffer (all of them at the default),
 /// larger ones mapped (all of them at 0).
+/// With `Auto`, a slow device and one write in flight: `Auto` compresses only when the writer
+/// waits for the device (its cost model weighs the device time its saved bytes free against
+/// their CPU), so that it waits on a loaded machine too. Without them a writer that never
+/// waited kept all five blocks raw (5 of 40 runs with three busy loops beside it, under the
+/// cost model before `7a9b383`; under that one, a writer that never waits always stores raw).
+fn slow_for_auto(c: EngineConfig, compression: Compression) -> EngineConfig {
+    if compression != Compression::Auto {
+        return c;
+    }
+    let plan = FaultPlan::new(7);
+    plan.arm(
+        FaultPoint::IoWrite,
+        FaultAction::Delay(std::time::Duration::from_millis(3)),
+        Trigger::Always,
+    );
+    c.queue_depth(1).fault_plan(plan)
+}
+
 fn damage_cases(
     b: spillring::BackendKind,
     mode: WriteMode,
@@ -136,28 +154,13 @@ fn damage_cases(
         "block checksum mismatch"
     };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let mut c = cfg(dir.path(), b)
+    let c = cfg(dir.path(), b)
         .mode(mode)
         .segment_size(64 << 10)
         .read_buffer_max(read_buffer_max as u64)
         .compression(compression)
         .encryption(encrypt);
-    if compression == Compression::Auto {
-        // `Auto` compresses only when the writer waits for the device (its cost model weighs
-        // the wait its saved bytes free against their CPU): a slow device and one write in
-        // flight, so that it waits on a loaded machine too. Without them its first trial
-        // weighed a slow compression against its 1 GB/s prior, and a writer that never waited
-        // kept all five blocks raw (5 of 40 runs with three busy loops beside it).
-        c = c.queue_depth(1);
-        let plan = FaultPlan::new(7);
-        plan.arm(
-            FaultPoint::IoWrite,
-            FaultAction::Delay(std::time::Duration::from_millis(3)),
-            Trigger::Always,
-        );
-        c = c.fault_plan(plan);
-    }
-    let engine = Engine::open(c).unwrap();
+    let engine = Engine::open(slow_for_auto(c, compression)).unwrap();
     let (task, st) = spill(&engine, text);
     let paths = st.paths();
     if text {
@@ -226,14 +229,16 @@ fn damage_cases(
     //     checksum (or the tag's AAD) binds the engine id, so they are refused. Before the
     //     binding named the engine, another engine's records read back as this file's.
     let other_dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let other = Engine::open(
+    // Configured alike, down to `Auto`'s slow device: its blocks are this engine's size.
+    let other = Engine::open(slow_for_auto(
         cfg(other_dir.path(), b)
             .mode(mode)
             .segment_size(64 << 10)
             .read_buffer_max(read_buffer_max as u64)
             .compression(compression)
             .encryption(encrypt),
-    )
+        compression,
+    ))
     .unwrap();
     let other_task = other.task("corrupt").unwrap();
     let mut w = other_task.writer().unwrap();
