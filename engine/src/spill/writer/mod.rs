@@ -465,49 +465,12 @@ impl SpillWriter {
         }
     }
 
-    /// An admission refusal this writer can never get past, because what it holds itself
-    /// fills the ledger or the quota, becomes [`SpillError::WriterCannotFit`]; any other error
-    /// is returned as it is.
+    /// [`rotate::explain_admission`] with what this writer holds.
     fn explain_admission(&self, e: SpillError) -> SpillError {
-        match e {
-            SpillError::LedgerFull { capacity } => {
-                let held = self.segments() as u64;
-                if held < capacity as u64 {
-                    return e;
-                }
-                SpillError::WriterCannotFit {
-                    resource: "ticket ledger",
-                    held,
-                    limit: capacity as u64,
-                    requested: 1,
-                    fix: "each segment file holds a ticket until it is deleted: raise ticket_capacity (or segment_size), or finish this writer and spill the rest with another",
-                }
-            }
-            SpillError::QuotaExceeded {
-                limit, requested, ..
-            } => {
-                let held = self
-                    .ctx
-                    .shared
-                    .files
-                    .lock()
-                    .entries
-                    .iter()
-                    .map(|e| e.reserved())
-                    .sum::<u64>();
-                if held.saturating_add(requested) <= limit {
-                    return e;
-                }
-                SpillError::WriterCannotFit {
-                    resource: "spill quota",
-                    held,
-                    limit,
-                    requested,
-                    fix: "every open segment reserves a whole segment_size of quota: raise max_spill_bytes (or lower segment_size), or finish this writer and spill the rest with another",
-                }
-            }
-            e => e,
-        }
+        rotate::explain_admission(e, self.segments() as u64, || {
+            let files = self.ctx.shared.files.lock();
+            files.entries.iter().map(|e| e.reserved()).sum::<u64>()
+        })
     }
 
     /// Hands the files to a new `SpilledState` registered in this writer's place.

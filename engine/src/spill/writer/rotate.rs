@@ -517,3 +517,44 @@ impl Ctx {
         delete_segments(&self.core, self.lane, vec![entry]);
     }
 }
+
+/// An admission refusal a writer can never get past, because what it holds itself fills the
+/// ledger or the quota, becomes [`SpillError::WriterCannotFit`]; any other error is returned
+/// as it is. `segments`: the writer's segment files (a ticket each); `reserved`: the quota
+/// its files reserve (read only for a quota refusal).
+pub(super) fn explain_admission(
+    e: SpillError,
+    segments: u64,
+    reserved: impl FnOnce() -> u64,
+) -> SpillError {
+    match e {
+        SpillError::LedgerFull { capacity } => {
+            if segments < capacity as u64 {
+                return e;
+            }
+            SpillError::WriterCannotFit {
+                resource: "ticket ledger",
+                held: segments,
+                limit: capacity as u64,
+                requested: 1,
+                fix: "each segment file holds a ticket until it is deleted: raise ticket_capacity (or segment_size), or finish this writer and spill the rest with another",
+            }
+        }
+        SpillError::QuotaExceeded {
+            limit, requested, ..
+        } => {
+            let held = reserved();
+            if held.saturating_add(requested) <= limit {
+                return e;
+            }
+            SpillError::WriterCannotFit {
+                resource: "spill quota",
+                held,
+                limit,
+                requested,
+                fix: "every open segment reserves a whole segment_size of quota: raise max_spill_bytes (or lower segment_size), or finish this writer and spill the rest with another",
+            }
+        }
+        e => e,
+    }
+}
