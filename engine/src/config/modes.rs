@@ -21,11 +21,14 @@ pub enum Compression {
     ///   or the engine's bytes on the segment's root over those plus the filesystem's free
     ///   bytes): the smallest of lz4 and zstd level 1 (also level 3 from half full), a stronger
     ///   codec only where it saves 10% (5% for level 3) more than the cheaper one.
-    /// - **Room to spare**: the codec whose saved bytes pay for its CPU at the write rate the
-    ///   writer sees (only time it waits for the device counts), else raw.
+    /// - **Room to spare**: the codec that makes the writer fastest, from its measured costs:
+    ///   a block takes the longer of the producer's time (plus the codec's) and the device's
+    ///   for the bytes out. The device counts only once the writer has waited for it, so a
+    ///   writer the device never holds back stays raw; zstd needs 10% more gain than lz4.
     ///
-    /// A choice is kept for 8 blocks; trials back off exponentially on incompressible data, and
-    /// a rise in space pressure ends a back-off.
+    /// A choice is kept for 8 blocks. Raw on compressible data is tried again within 8 blocks;
+    /// on data no codec shrinks by a tenth, trials back off exponentially to 256 blocks. A
+    /// rise in space pressure ends a back-off.
     Auto,
 }
 
