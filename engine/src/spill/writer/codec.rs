@@ -53,11 +53,13 @@ pub(crate) struct AutoPolicy {
 /// What the writer's two stages cost, as `Auto` last measured them: the device, in wall time
 /// per physical byte while the writer waited for it (0 until the writer has waited: the device
 /// has not been its bottleneck), and the producer, in the writer's own time per logical byte
-/// without codec or waits (the copies, the framing, the caller's work between writes).
+/// without codec or waits (the copies, the framing, the caller's work between writes); and
+/// the time the writer waited per physical byte over the last window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DeviceCost {
     pub(crate) device_ns_per_byte: f64,
     pub(crate) producer_ns_per_byte: f64,
+    pub(crate) wait_ns_per_byte: f64,
 }
 
 /// One codec's result on a sample: bytes out and nanoseconds taken (`None`: did not shrink).
@@ -147,8 +149,11 @@ impl AutoPolicy {
     /// the difference. A writer the device never held back (device cost 0) gains nothing and
     /// stores raw; one that compresses until it is CPU-bound gains less than one that stays
     /// device-bound, and the stronger codec is taken only for [`TIME_STRONGER`] more gain.
-    /// (Capping the gain by the time the writer waited, as before, made a writer that
-    /// compressed with zstd stop waiting and fall back to raw, then wait and compress again.)
+    /// The gain is also capped by the time the writer waited over the sample's bytes in the
+    /// last window: a writer that stopped waiting (its CPU is short: a loaded host) gains
+    /// nothing from writing less. (Without the cap, two writers on a loaded 2-core host kept
+    /// zstd at 0.85-0.9x of raw's rate; with the cap alone, a writer that compressed with zstd
+    /// stopped waiting and went raw, then waited and compressed again.)
     /// Raw on data a codec shrinks by a tenth backs off at most [`AUTO_MAX_NOT_NOW`] blocks;
     /// data no codec shrinks that much backs off up to [`AUTO_MAX_BACKOFF`].
     pub(crate) fn choose(
@@ -188,7 +193,7 @@ impl AutoPolicy {
             let produce = sample as f64 * cost.producer_ns_per_byte;
             let raw = produce.max(sample as f64 * cost.device_ns_per_byte);
             let coded = (produce + ns as f64).max(out as f64 * cost.device_ns_per_byte);
-            raw - coded
+            (raw - coded).min(sample as f64 * cost.wait_ns_per_byte - ns as f64)
         })
     }
 
@@ -213,6 +218,9 @@ pub(super) struct CodecState {
     pub(super) cost: DeviceCost,
     /// The blocks since the last trial.
     pub(super) window: Window,
+    /// The codec time per logical byte over the last window (its blocks used the codec
+    /// `Auto` kept for them).
+    pub(super) sustained_ns_per_byte: f64,
     /// Waiting since the last block (added by `poll_inflight_below`).
     pub(super) waited_ns: u64,
     /// When an async wait for writes in flight returned `Pending`.
@@ -234,8 +242,10 @@ impl CodecState {
             cost: DeviceCost {
                 device_ns_per_byte: 0.0,
                 producer_ns_per_byte: 0.0,
+                wait_ns_per_byte: 0.0,
             },
             window: Window::default(),
+            sustained_ns_per_byte: 0.0,
             waited_ns: 0,
             pending_since: None,
             last_block: None,
@@ -261,8 +271,25 @@ impl CodecState {
     /// The costs `Auto` weighs a trial against, updated from the window since the last trial
     /// (then a new window starts).
     pub(super) fn cost(&mut self) -> DeviceCost {
-        self.window.take_into(&mut self.cost);
+        self.sustained_ns_per_byte = self.window.take_into(&mut self.cost);
         self.cost
+    }
+
+    /// `t`, a trial of `codec`, with its CPU no less than the window's blocks sustained when
+    /// they used that codec: a 64 KiB trial runs in a burst, while a writer that shares its
+    /// CPU with other threads (the host's, the engine's) compresses slower over a window, and
+    /// its trials alone made it keep zstd at 0.69x of raw's rate on a loaded host.
+    fn sustained(&self, codec: Codec, t: TrialResult, sample: usize) -> TrialResult {
+        t.map(|(out, ns)| {
+            if codec == self.auto.sticky {
+                (
+                    out,
+                    ns.max((self.sustained_ns_per_byte * sample as f64) as u64),
+                )
+            } else {
+                (out, ns)
+            }
+        })
     }
 
     /// The codec for a block of `raw` bytes, and the nanoseconds its choice took: fixed, or
@@ -281,13 +308,16 @@ impl CodecState {
                 let t0 = Instant::now();
                 let sample = &raw[..raw.len().min(AUTO_SAMPLE)];
                 self.scratch.resize(sample.len(), 0);
+                let cost = self.cost();
+                let n = sample.len();
                 let lz4 = trial(Codec::Lz4, sample, &mut self.scratch);
+                let lz4 = self.sustained(Codec::Lz4, lz4, n);
                 // zstd (slower, smaller) is tried for time only when lz4 pays: where lz4's
                 // CPU costs more than the device time it frees, zstd's far larger CPU does too.
-                let cost = self.cost();
                 let lz4_pays = AutoPolicy::gain(sample.len(), lz4, cost).is_some_and(|g| g > 0.0);
                 let zstd = if lz4.is_some() && (level >= 1 || lz4_pays) {
-                    trial(Codec::Zstd(1), sample, &mut self.scratch)
+                    let t = trial(Codec::Zstd(1), sample, &mut self.scratch);
+                    self.sustained(Codec::Zstd(1), t, n)
                 } else {
                     None
                 };
@@ -347,13 +377,14 @@ impl Window {
         self.logical += logical as u64;
     }
 
-    /// Updates `cost` from the window, and starts a new one. A window in which the writer
-    /// waited [`DEVICE_BOUND`] of its time measures the device; one in which it did not shows
-    /// the device kept up with the writer's output, so the device cost is at most that.
-    fn take_into(&mut self, cost: &mut DeviceCost) {
+    /// Updates `cost` from the window, and starts a new one; returns the window's codec time
+    /// per logical byte (0 when empty). A window in which the writer waited [`DEVICE_BOUND`]
+    /// of its time measures the device; one in which it did not shows the device kept up with
+    /// the writer's output, so the device cost is at most that.
+    fn take_into(&mut self, cost: &mut DeviceCost) -> f64 {
         let w = std::mem::take(self);
         if w.physical == 0 || w.logical == 0 {
-            return;
+            return 0.0;
         }
         let wall = w.ns as f64 / w.physical as f64;
         cost.device_ns_per_byte = if w.wait_ns as f64 >= DEVICE_BOUND * w.ns as f64 {
@@ -363,6 +394,8 @@ impl Window {
         };
         let own = w.ns.saturating_sub(w.wait_ns).saturating_sub(w.codec_ns);
         cost.producer_ns_per_byte = own as f64 / w.logical as f64;
+        cost.wait_ns_per_byte = w.wait_ns as f64 / w.physical as f64;
+        w.codec_ns as f64 / w.logical as f64
     }
 }
 

@@ -7,6 +7,7 @@ pub(super) fn bound(ns_per_byte: f64) -> DeviceCost {
     DeviceCost {
         device_ns_per_byte: ns_per_byte,
         producer_ns_per_byte: 0.0,
+        wait_ns_per_byte: ns_per_byte,
     }
 }
 
@@ -19,6 +20,7 @@ fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
     let cpu_bound = DeviceCost {
         device_ns_per_byte: 0.0,
         producer_ns_per_byte: 100.0,
+        wait_ns_per_byte: 0.0,
     };
     assert_eq!(
         p.choose(
@@ -34,6 +36,7 @@ fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
     let some_wait = DeviceCost {
         device_ns_per_byte: 100.0,
         producer_ns_per_byte: 99.5,
+        wait_ns_per_byte: 0.5,
     };
     // The device is 0.5 ns/byte slower than the producer: 32.8 us over 64 KiB. lz4 (20 us)
     // pays, zstd (200 us) makes the writer slower than the device by more than that.
@@ -180,6 +183,7 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     c.window.add(0, 0, 0, 0, 0);
     let got = c.cost();
     assert_eq!(got.device_ns_per_byte, 10.0);
+    assert!((got.wait_ns_per_byte - 10.0 / 3.0).abs() < 1e-9, "{got:?}");
     assert!(
         (got.producer_ns_per_byte - 17.0 / 6.0).abs() < 1e-9,
         "{got:?}"
@@ -225,6 +229,7 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
     let cost = DeviceCost {
         device_ns_per_byte: 10.0,
         producer_ns_per_byte: 1.0,
+        wait_ns_per_byte: 9.0,
     };
     assert_eq!(
         p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), cost),
@@ -244,10 +249,27 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
     let slow = DeviceCost {
         device_ns_per_byte: 100.0,
         producer_ns_per_byte: 1.0,
+        wait_ns_per_byte: 99.0,
     };
     assert_eq!(
         p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), slow),
         Codec::Zstd(1)
+    );
+    // The writer stopped waiting (a loaded host took its CPU): however slow the device was
+    // when last measured, writing less frees no time. Raw.
+    while p.next_block().is_some() {}
+    let stopped = DeviceCost {
+        wait_ns_per_byte: 0.0,
+        ..slow
+    };
+    assert_eq!(
+        p.choose(
+            65536,
+            Some((30720, 200_000)),
+            Some((18432, 700_000)),
+            stopped
+        ),
+        Codec::Raw
     );
 }
 
@@ -284,4 +306,32 @@ fn compressible_data_that_does_not_pay_now_gets_trials_again_sooner() {
         }
     }
     assert_eq!(q.backoff, AUTO_MAX_BACKOFF);
+}
+
+#[test]
+fn a_kept_codecs_trial_costs_no_less_than_the_window_sustained() {
+    let mut c = CodecState::new(Compression::Auto);
+    // Eight blocks with zstd kept: 8 MiB logical, 24 ms compressing (3 ns per byte, as a
+    // writer sharing its CPU saw); its 64 KiB trial took 50 us in a burst.
+    c.auto.keep(Codec::Zstd(1));
+    c.window.add(40_000_000, 0, 3 * (8 << 20), 2 << 20, 8 << 20);
+    c.cost();
+    let z = c.sustained(Codec::Zstd(1), Some((18_000, 50_000)), 65536);
+    assert_eq!(z, Some((18_000, 196_608)), "3 ns/byte over the sample");
+    // Another codec's trial stands as measured; a slower trial than the window stands too.
+    assert_eq!(
+        c.sustained(Codec::Lz4, Some((30_000, 40_000)), 65536),
+        Some((30_000, 40_000))
+    );
+    assert_eq!(
+        c.sustained(Codec::Zstd(1), Some((18_000, 900_000)), 65536),
+        Some((18_000, 900_000))
+    );
+    assert_eq!(c.sustained(Codec::Zstd(1), None, 65536), None);
+    // An empty window sustains nothing.
+    c.cost();
+    assert_eq!(
+        c.sustained(Codec::Zstd(1), Some((18_000, 50_000)), 65536),
+        Some((18_000, 50_000))
+    );
 }
