@@ -35,7 +35,6 @@
 //! length. A reader parses exactly the logical length, so a torn or truncated file is detected
 //! and located, and wrong bytes are never returned.
 
-
 use super::crc;
 
 /// Bytes of the segment header.
@@ -280,7 +279,16 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(SegmentFileName::new(3).as_str(), "spill-segment-000003.bin");
-        for seg in [0, 9, 10, 99_999, 999_999, 1_000_000, 1_234_567, 4_000_000_000] {
+        for seg in [
+            0,
+            9,
+            10,
+            99_999,
+            999_999,
+            1_000_000,
+            1_234_567,
+            4_000_000_000,
+        ] {
             let name = SegmentFileName::new(seg);
             assert_eq!(name.as_str(), format!("spill-segment-{seg:06}.bin"));
             assert_eq!(parse_segment_file_name(name.as_str()), Some(seg));

@@ -285,7 +285,10 @@ mod tests {
         }
         assert!(t.get_via(99, &mut last).is_none());
         assert!(last.is_none(), "a miss leaves nothing cached");
-        assert!(t.get_via(b.index, &mut last).is_some_and(|d| Arc::ptr_eq(d, &b)));
+        assert!(
+            t.get_via(b.index, &mut last)
+                .is_some_and(|d| Arc::ptr_eq(d, &b))
+        );
         assert_eq!((a.next_segment(), a.next_segment()), (Some(0), Some(1)));
         assert_eq!(
             a.segment_rel(7).as_cstr().to_bytes(),
