@@ -22,15 +22,17 @@ const PAGE_BITS: u32 = 24;
 /// The directory field that marks a wide record (no compact record has it).
 const WIDE: u64 = 0xff;
 
-/// One record as one slot, or as two when a field does not fit.
+/// One record as one slot, or as two when a field does not fit. The fields are put together
+/// with `+` (their bits never overlap, so it is `|`; an overflow would panic in tests, where a
+/// `|` would not show a wrong shift).
 fn encode(r: &Record) -> (u64, Option<u64>) {
     let seg = u64::from(r.seg);
     if u64::from(r.dir) < WIDE && u64::from(r.pages) < 1 << PAGE_BITS {
-        let packed = (u64::from(r.dir) << PAGE_BITS) | u64::from(r.pages);
-        (seg | (packed << 32), None)
+        let packed = (u64::from(r.dir) << PAGE_BITS) + u64::from(r.pages);
+        (seg + (packed << 32), None)
     } else {
-        let first = seg | (WIDE << (32 + PAGE_BITS));
-        (first, Some((u64::from(r.dir) << 32) | u64::from(r.pages)))
+        let first = seg + (WIDE << (32 + PAGE_BITS));
+        (first, Some((u64::from(r.dir) << 32) + u64::from(r.pages)))
     }
 }
 
@@ -108,6 +110,12 @@ impl RecordChunks {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Chunks the chunk list has room for without reallocating (for tests).
+    #[cfg(test)]
+    fn list_capacity(&self) -> usize {
+        self.chunks.capacity()
     }
 
     /// Chunks allocated, the spare included (for tests of the memory bound).
@@ -246,6 +254,21 @@ mod tests {
         }
         assert!(q.is_empty() && q.pop_front().is_none());
         assert_eq!(q.chunks_held(), 1, "only the spare is kept");
+    }
+
+    #[test]
+    fn the_chunk_list_is_reserved_up_front_and_never_reallocates_within_it() {
+        let mut q = RecordChunks::with_room_for(1000);
+        let cap = q.list_capacity();
+        assert!(cap > 1000usize.div_ceil(CHUNK_SLOTS), "{cap}");
+        for i in 0..1000 {
+            q.push_back(rec(1, i, 1, 0));
+        }
+        assert_eq!(
+            q.list_capacity(),
+            cap,
+            "no reallocation within the reservation"
+        );
     }
 
     #[test]
