@@ -30,8 +30,9 @@ impl LedgerProbe {
     }
 }
 
-/// Size in bytes of one name-only cleanup record.
-pub const CLEANUP_RECORD_BYTES: usize = std::mem::size_of::<crate::store::queue::Record>();
+/// Size in bytes of one name-only cleanup record as the queue stores it (one that does not fit
+/// takes twice this; see `store/records.rs`).
+pub const CLEANUP_RECORD_BYTES: usize = crate::store::records::SLOT_BYTES;
 
 /// What [`parse_segment`] found in a segment buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]

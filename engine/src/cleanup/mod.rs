@@ -1,8 +1,9 @@
 //! Deleting files: the normal delete path (batched unlinks queued to an I/O thread) and the
 //! cleanup worker that owns name-only records of deletes whose outcome was not confirmed.
 //!
-//! A record is sixteen bytes: a directory index, a segment number, the quota pages its ticket
-//! holds, and when it was queued. It keeps no buffer, fd or mmap alive. Its ticket stays held
+//! A record names a directory index, a segment number and the quota pages its ticket holds, in
+//! eight bytes (sixteen when a field does not fit), in 1 KiB chunks that keep when their oldest
+//! record was queued (`store/records.rs`). It keeps no buffer, fd or mmap alive. Its ticket stays held
 //! until the delete is confirmed (or the file is found absent), so a long storage outage stops
 //! new spills at admission instead of growing memory.
 //!

@@ -109,10 +109,13 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
     let started = std::time::Instant::now();
     let sink = Arc::new(WorkerBatch::new(n));
+    // The last directory looked up: one table lock per run of records of one directory.
+    let mut last = None;
     for (i, r) in batch.iter().enumerate() {
-        let dir = core.store.dirs.get(r.dir);
-        let op = dir
-            .as_ref()
+        let op = core
+            .store
+            .dirs
+            .get_via(r.dir, &mut last)
             .map(|d| (d.parent.fd.clone(), d.segment_rel(r.seg)));
         match op {
             Some((fd, name)) => {
@@ -167,7 +170,11 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
             failed.push(r);
             continue;
         }
-        let root = core.store.dirs.get(r.dir).map_or(0, |d| d.parent.root);
+        let root = core
+            .store
+            .dirs
+            .get_via(r.dir, &mut last)
+            .map_or(0, |d| d.parent.root);
         core.store
             .ledger
             .release_retained_on(root, RetainedTicket::from_pages(r.pages));

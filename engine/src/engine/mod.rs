@@ -301,7 +301,8 @@ pub struct OwnedFile {
     pub reserved: u64,
     /// How long it has been in its stage: since a writer created it or took it from the pool
     /// (`Live`), since it entered the pool (`Pooled`), since its failed delete went to the
-    /// cleanup worker (`AwaitingDelete`, whole seconds).
+    /// cleanup worker (`AwaitingDelete`, whole seconds; the queue keeps one time per 128 records,
+    /// its oldest, so this may be older than the file's own).
     pub age: Duration,
 }
 

@@ -98,7 +98,7 @@ impl Engine {
         let store = Store::new(
             Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
             Roots::new(paths, proc_dirs, created, cfg.root_skip),
-            Arc::new(CleanupQueue::new()),
+            Arc::new(CleanupQueue::new(cfg.ticket_capacity)),
             SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
         );
         let core = Arc::new(Core::new(cfg, id, io, store, key));

@@ -184,7 +184,7 @@ mod tests {
     /// worker: the file may exist, so it is never silently forgotten.
     #[test]
     fn a_segment_dropped_without_a_hand_off_goes_to_the_cleanup_worker() {
-        let cleanup = Arc::new(CleanupQueue::new());
+        let cleanup = Arc::new(CleanupQueue::new(16));
         let ledger = Ledger::new(4, None);
         let dir = task_dir(&cleanup);
         let e = SegmentEntry::new(dir.clone(), 7, ledger.reserve(8192).unwrap());

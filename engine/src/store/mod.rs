@@ -10,6 +10,7 @@ pub(crate) mod marks;
 pub(crate) mod pool;
 pub(crate) mod proc;
 pub(crate) mod queue;
+pub(crate) mod records;
 pub(crate) mod roots;
 
 use std::os::fd::AsFd;

@@ -1,11 +1,15 @@
 //! The cleanup worker's queue: name-only records of deletes whose outcome was not confirmed,
-//! and the orphan sweeps. A record is sixteen bytes: a directory index, a segment number, the
-//! quota pages its ticket holds, and when it was queued. It keeps no buffer, fd or mmap alive.
+//! and the orphan sweeps. A record names a directory index, a segment number, the quota pages
+//! its ticket holds, and when it was queued; the queue stores it in eight bytes, in chunks of
+//! 1 KiB (`store/records.rs`: a record whose fields do not fit eight bytes takes sixteen, and
+//! the time is kept per chunk). It keeps no buffer, fd or mmap alive.
 //! Its ticket stays held until the delete is confirmed (or the file is found absent), so a
 //! long storage outage stops new spills at admission instead of growing memory.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+
+use crate::store::records::RecordChunks;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,7 +18,8 @@ use parking_lot::{Condvar, Mutex};
 use crate::store::dir::DirEntry;
 use crate::store::ledger::RetainedTicket;
 
-/// A name-only cleanup record.
+/// A name-only cleanup record, as it goes in and out of the queue (stored packed:
+/// [`RecordChunks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Record {
     pub dir: u32,
@@ -22,11 +27,10 @@ pub(crate) struct Record {
     /// Quota pages of the retained ticket (the ticket itself is implied: every file record
     /// holds exactly one; a directory record holds none).
     pub pages: u32,
-    /// Seconds since the engine started when the record was queued.
+    /// Seconds since the engine started when the record was queued. Out of the queue: when the
+    /// oldest record of its chunk of 128 was queued (never later than its own).
     pub since: u32,
 }
-
-const _: () = assert!(std::mem::size_of::<Record>() == 16);
 
 /// What the worker does next.
 #[derive(Debug)]
@@ -40,9 +44,9 @@ pub(crate) enum Work {
     Tick,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Queue {
-    records: VecDeque<Record>,
+    records: RecordChunks,
     sweeps: VecDeque<PathBuf>,
     stop: bool,
     /// No attempt before this instant (set after a failed batch).
@@ -77,9 +81,16 @@ struct OldestSample {
 }
 
 impl CleanupQueue {
-    pub(crate) fn new() -> Self {
+    /// A queue whose chunk list is reserved for `tickets` records (the ledger's capacity:
+    /// each file record holds a ticket), so it never reallocates in use.
+    pub(crate) fn new(tickets: usize) -> Self {
         CleanupQueue {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                records: RecordChunks::with_room_for(tickets),
+                sweeps: VecDeque::new(),
+                stop: false,
+                retry_at: None,
+            }),
             cv: Condvar::new(),
             pending: AtomicU64::new(0),
             outstanding: AtomicU64::new(0),
@@ -182,7 +193,7 @@ impl CleanupQueue {
         }
         let now_secs = self.epoch.elapsed().as_secs_f64();
         let q = self.queue.lock();
-        let min = q.records.iter().map(|r| r.since).min();
+        let min = q.records.oldest_since();
         drop(q);
         s.age = min.map_or(0.0, |m| (now_secs - f64::from(m)).max(0.0));
         s.at = Some(now);
@@ -217,7 +228,7 @@ impl CleanupQueue {
             .iter()
             .map(|r| {
                 (
-                    *r,
+                    r,
                     Duration::from_secs(now.saturating_sub(u64::from(r.since))),
                 )
             })
@@ -227,7 +238,7 @@ impl CleanupQueue {
     /// The records queued now, oldest first, and the sweeps queued (for reports).
     pub(crate) fn queued(&self) -> (Vec<Record>, u64) {
         let q = self.queue.lock();
-        (q.records.iter().copied().collect(), q.sweeps.len() as u64)
+        (q.records.iter().collect(), q.sweeps.len() as u64)
     }
 
     /// The worker's next work: up to `batch` ready records, else a sweep; waits for either
@@ -267,7 +278,8 @@ impl CleanupQueue {
             }
             if !q.records.is_empty() && waiting.is_none() {
                 let n = q.records.len().min(batch);
-                return Some(Work::Records(q.records.drain(..n).collect()));
+                let taken = std::iter::from_fn(|| q.records.pop_front()).take(n);
+                return Some(Work::Records(taken.collect()));
             }
             if waiting.is_none()
                 && let Some(p) = q.sweeps.pop_front()
@@ -290,7 +302,9 @@ impl CleanupQueue {
     /// `retry_at` (`None` after a batch with no failure: the next ready record goes at once).
     pub(crate) fn put_back(&self, failed: &[Record], retry_at: Option<Instant>) {
         let mut q = self.queue.lock();
-        q.records.extend(failed.iter().copied());
+        for r in failed {
+            q.records.push_back(*r);
+        }
         q.retry_at = retry_at;
     }
 
@@ -326,7 +340,7 @@ mod tests {
 
     #[test]
     fn records_come_out_in_batches_in_order_and_count_as_work() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         assert_eq!((q.pending(), q.outstanding()), (0, 0));
         for seg in 0..5 {
             q.push(rec(seg));
@@ -350,7 +364,7 @@ mod tests {
 
     #[test]
     fn begin_and_end_count_units_of_work() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         q.begin(3);
         assert_eq!(q.outstanding(), 3);
         q.end();
@@ -362,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_failed_batch_waits_out_its_retry_delay_unless_told_to_retry_now() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         q.push(rec(1));
         let taken = records(q.next_work(8, None));
         let delay = Duration::from_millis(300);
@@ -386,7 +400,7 @@ mod tests {
 
     #[test]
     fn sweeps_come_after_ready_records_and_are_counted() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         q.sweep(PathBuf::from("/a"));
         q.push(rec(3));
         assert_eq!((q.sweeps_pending(), q.outstanding()), (1, 2));
@@ -419,7 +433,7 @@ mod tests {
 
     #[test]
     fn the_take_hook_runs_once_per_wait_when_work_is_ready() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         let calls = AtomicU64::new(0);
         let hook = || {
             calls.fetch_add(1, Ordering::SeqCst);
@@ -431,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_tick_comes_when_its_time_passes_with_nothing_ready_and_never_before_ready_work() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         let t0 = Instant::now();
         let at = t0 + std::time::Duration::from_millis(30);
         assert!(matches!(
@@ -458,7 +472,7 @@ mod tests {
 
     #[test]
     fn a_stop_ends_the_wait_and_is_seen_without_the_lock() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         assert!(!q.stopping());
         std::thread::scope(|s| {
             let w = s.spawn(|| q.next_work(8, None));
@@ -474,11 +488,11 @@ mod tests {
 
     #[test]
     fn the_oldest_age_is_the_oldest_record_sampled_once_a_second() {
-        let q = CleanupQueue::new();
+        let q = CleanupQueue::new(64);
         assert_eq!(q.oldest_age(), 0.0, "no record: age 0");
         let q = CleanupQueue {
             epoch: Instant::now() - Duration::from_secs(100),
-            ..CleanupQueue::new()
+            ..CleanupQueue::new(64)
         };
         assert_eq!(q.now_secs(), 100);
         q.push(Record {
