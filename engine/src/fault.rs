@@ -25,6 +25,7 @@
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
 
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -337,23 +338,53 @@ pub(crate) fn check(plan: &Option<Arc<FaultPlan>>, point: FaultPoint) -> Injecte
     }
 }
 
-/// Checks `point` against a task's plan first, then the engine's.
+/// Checks `point` against a task's plan first (`task` is only called with the feature),
+/// then the engine's: what [`fault_point!`]`(Point, plan, task: ...)` runs.
 #[inline(always)]
-pub(crate) fn check2(
-    task: Option<&Arc<FaultPlan>>,
+pub(crate) fn check_task_first<P: AsRef<FaultPlan>>(
+    task: impl FnOnce() -> Option<P>,
     engine: &Option<Arc<FaultPlan>>,
     point: FaultPoint,
 ) -> Injected {
     if !ENABLED {
         return Injected::None;
     }
-    if let Some(p) = task {
-        let r = p.check(point);
+    if let Some(p) = task() {
+        let r = p.as_ref().check(point);
         if r != Injected::None {
             return r;
         }
     }
     check(engine, point)
+}
+
+/// A fault point, in one line: `fault_point!(Point, plan)` decides one call at
+/// [`FaultPoint`]`::Point` against the engine's `plan` (an `Option<Arc<FaultPlan>>`);
+/// `fault_point!(Point, plan, task: t)` asks the task's plan `t` (an `Option` of an
+/// `Arc<FaultPlan>` or of a reference to one, evaluated only with the feature) first. It
+/// returns the [`Injected`] decision, which a pause or delay point ignores; without the
+/// `fault-injection` feature it is the constant [`Injected::None`].
+macro_rules! fault_point {
+    ($point:ident, $engine:expr) => {
+        $crate::fault::check(&$engine, $crate::fault::FaultPoint::$point)
+    };
+    ($point:ident, $engine:expr, task: $task:expr) => {
+        $crate::fault::check_task_first(|| $task, &$engine, $crate::fault::FaultPoint::$point)
+    };
+}
+pub(crate) use fault_point;
+
+impl Injected {
+    /// Runs the I/O `op` as decided: not at all (`Fail`: its error; `Skip`: `Ok(skipped)`),
+    /// then reporting the error (`FailAfter`), or as is (`None`).
+    pub(crate) fn run<T>(self, skipped: T, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        match self {
+            Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
+            Injected::FailAfter(e) => op().and(Err(io::Error::from_raw_os_error(e))),
+            Injected::Skip => Ok(skipped),
+            Injected::None => op(),
+        }
+    }
 }
 
 /// True when the crate is built with the `fault-injection` feature (the engine's own tests,

@@ -21,6 +21,7 @@ use spillring::{
 per_backend!(
     a_spill_moves_every_histogram,
     the_prometheus_text_parses_back_to_the_snapshot,
+    every_snapshot_field_is_in_the_prometheus_text,
     per_root_usage_follows_the_ledger,
     list_files_shows_a_writers_files_and_then_the_held_states,
     list_files_shows_a_pooled_segment,
@@ -239,6 +240,95 @@ fn the_prometheus_text_parses_back_to_the_snapshot(b: BackendKind) {
         m.spill_bytes_in_use as f64
     );
     assert_eq!(get("spillring_root_files", Some(("root", root))), 3.0);
+    drop(st);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// Every field of the snapshot (as serde names them: the list does not come from the metrics
+/// table) has its row in the Prometheus text with the snapshot's value: a plain field as
+/// `spillring_<field>`, a counter as `spillring_<field>_total`; the others by name below.
+fn every_snapshot_field_is_in_the_prometheus_text(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(SEG)).unwrap();
+    let task = engine.task("every-field").unwrap();
+    let st = spill(&task, 2);
+    let _ = st.reader().unwrap().count();
+    let m = engine.metrics();
+    let (types, samples) = parse_prometheus(&m.to_prometheus());
+    let value_of = |name: &str, label: Option<(&str, &str)>| -> Option<f64> {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name && label.is_none_or(|(k, v)| l.get(k).map(String::as_str) == Some(v))
+            })
+            .map(|s| s.2)
+    };
+    let json = serde_json::to_value(&m).unwrap();
+    let fields = json.as_object().unwrap();
+    assert!(fields.len() > 40, "{fields:?}");
+    for (field, v) in fields {
+        match field.as_str() {
+            "backend" | "write_mode" => {
+                let label = (field.as_str(), v.as_str().unwrap());
+                assert_eq!(
+                    value_of("spillring_info", Some(label)),
+                    Some(1.0),
+                    "{field}"
+                );
+            }
+            "errors" => {
+                let kinds = v.as_array().unwrap();
+                assert_eq!(kinds.len(), m.errors.len());
+                for (kind, n) in &m.errors {
+                    let got = value_of("spillring_errors_total", Some(("kind", kind)));
+                    assert_eq!(got, Some(*n as f64), "errors {kind}");
+                }
+            }
+            "latency" => {
+                let named = m.latency.named();
+                assert_eq!(v.as_object().unwrap().len(), named.len());
+                for (name, _, h) in named {
+                    assert_eq!(types[&format!("spillring_{name}")], "histogram");
+                    let count = value_of(&format!("spillring_{name}_count"), None);
+                    assert_eq!(count, Some(h.count as f64), "{name}");
+                }
+            }
+            "roots" => {
+                assert_eq!(v.as_array().unwrap().len(), m.roots.len());
+                for r in &m.roots {
+                    let root = ("root", r.path.to_str().unwrap());
+                    assert_eq!(
+                        value_of("spillring_root_bytes", Some(root)),
+                        Some(r.bytes as f64)
+                    );
+                    assert_eq!(
+                        value_of("spillring_root_files", Some(root)),
+                        Some(r.files as f64)
+                    );
+                }
+            }
+            _ => {
+                let want = v.as_f64().unwrap_or_else(|| panic!("{field}: {v}"));
+                let name = match field.as_str() {
+                    "cleanup_oldest_age_secs" => "spillring_cleanup_oldest_age_seconds".to_owned(),
+                    f => format!("spillring_{f}"),
+                };
+                let total = format!("{name}_total");
+                let (name, kind) = match (types.get(&name), types.get(&total)) {
+                    (Some(k), None) => (name, k.as_str()),
+                    (None, Some(k)) => (total, k.as_str()),
+                    other => panic!("{field}: no single row ({other:?})"),
+                };
+                assert_eq!(
+                    kind == "counter",
+                    name.ends_with("_total"),
+                    "{name}: {kind}"
+                );
+                assert_eq!(value_of(&name, None), Some(want), "{field}");
+            }
+        }
+    }
     drop(st);
     task.close();
     assert_clean(&engine, dir.path());

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::core::Core;
-use crate::fault::{self, FaultPoint, Injected};
+use crate::fault::fault_point;
 use crate::metrics::Counters;
 
 /// Claims the directories of dead engines under each of this engine's roots and queues their
@@ -31,12 +31,8 @@ pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
     let mut files = 0u64;
     let mut dirs = 0u64;
     let stop = || core.store.cleanup.stopping();
-    let unlink = |p: &Path| match fault::check(&core.fault, FaultPoint::SweepUnlink) {
-        Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
-        Injected::FailAfter(e) => std::fs::remove_file(p).and(Err(io::Error::from_raw_os_error(e))),
-        Injected::Skip => Ok(()),
-        Injected::None => std::fs::remove_file(p),
-    };
+    let unlink =
+        |p: &Path| fault_point!(SweepUnlink, core.fault).run((), || std::fs::remove_file(p));
     let r = remove_tree(path, &mut files, &mut dirs, &stop, &unlink);
     Counters::add(&core.counters.orphan_files_swept, files);
     match r {

@@ -17,7 +17,7 @@ use crate::config::Backend;
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::io::ReaperThread;
-use crate::metrics::{Counters, Metrics, RootUsage};
+use crate::metrics::{Metrics, RootUsage, Sampled};
 use crate::spill::task::{TaskShared, TaskSpill};
 use crate::store::entry::EntryView;
 
@@ -325,75 +325,37 @@ impl OwnedFile {
     }
 }
 
-/// A snapshot of the metrics.
+/// A snapshot of the metrics: the counters, and what the engine's parts hold now.
 fn metrics(core: &Core) -> Metrics {
     let pool = core.store.pool.level();
     let c = &core.counters;
-    let g = Counters::get;
-    Metrics {
+    let ledger = &core.store.ledger;
+    let roots = ledger.per_root().into_iter().zip(core.store.roots.paths());
+    let s = Sampled {
         backend: core.io.kind(),
         write_mode: core.cfg.mode,
-        tickets_used: core.store.ledger.used() as u64,
-        tickets_high_water: core.store.ledger.high_water() as u64,
-        ticket_capacity: core.store.ledger.capacity() as u64,
-        admission_failures: core.store.ledger.admission_failures(),
-        quota_failures: core.store.ledger.quota_failures(),
-        spill_bytes_in_use: core.store.ledger.bytes_used(),
-        segments_created: g(&c.segments_created),
-        bytes_written: g(&c.bytes_written),
-        records_written: g(&c.records_written),
-        bytes_read: g(&c.bytes_read),
-        records_read: g(&c.records_read),
-        aborts_observed: g(&c.aborts_observed),
-        late_files_deleted: g(&c.late_files_deleted),
-        files_deleted: g(&c.files_deleted),
-        files_already_absent: g(&c.files_already_absent),
-        delete_failures: g(&c.delete_failures),
-        write_failures: g(&c.write_failures),
         errors: c.error_counts(),
-        deletes_in_flight: g(&c.deletes_in_flight),
-        cleanup_pending: core.store.cleanup.pending(),
-        cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),
-        cleanup_retries: g(&c.cleanup_retries),
-        cleanup_released: g(&c.cleanup_released),
-        orphan_dirs_swept: g(&c.orphan_dirs_swept),
-        orphan_files_swept: g(&c.orphan_files_swept),
-        root_skips: g(&c.root_skips),
-        roots_unusable: g(&c.roots_unusable),
-        files_published: g(&c.files_published),
-        pool_segments: pool.segments,
-        pool_bytes: pool.bytes,
-        pool_hits: g(&c.pool_hits),
-        staging_buffer_bytes: core.io.pool().stats().1 as u64,
-        kept_map_bytes: core.io.kept_maps().held().1,
-        open_fds: core.io.fds().open_count() as u64,
-        pool_misses: g(&c.pool_misses),
-        pool_trims: g(&c.pool_trims),
-        writes_inline: g(&c.writes_inline),
         latency: c.latency.snapshot(),
-        roots: core
-            .store
-            .ledger
-            .per_root()
-            .into_iter()
-            .zip(core.store.roots.paths())
+        roots: roots
             .map(|((files, bytes), path)| RootUsage {
                 path: path.clone(),
                 files,
                 bytes,
             })
             .collect(),
-        // Format v2 (issue 11).
-        logical_bytes_written: g(&c.logical_bytes_written),
-        physical_bytes_written: g(&c.physical_bytes_written),
-        logical_bytes_read: g(&c.logical_bytes_read),
-        physical_bytes_read: g(&c.physical_bytes_read),
-        blocks_raw: g(&c.blocks_raw),
-        blocks_lz4: g(&c.blocks_lz4),
-        blocks_zstd: g(&c.blocks_zstd),
-        compress_nanos: g(&c.compress_nanos),
-        decompress_nanos: g(&c.decompress_nanos),
-        encrypt_nanos: g(&c.encrypt_nanos),
-        decrypt_nanos: g(&c.decrypt_nanos),
-    }
+        tickets_used: ledger.used() as u64,
+        tickets_high_water: ledger.high_water() as u64,
+        ticket_capacity: ledger.capacity() as u64,
+        admission_failures: ledger.admission_failures(),
+        quota_failures: ledger.quota_failures(),
+        spill_bytes_in_use: ledger.bytes_used(),
+        cleanup_pending: core.store.cleanup.pending(),
+        cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),
+        pool_segments: pool.segments,
+        pool_bytes: pool.bytes,
+        staging_buffer_bytes: core.io.pool().stats().1 as u64,
+        kept_map_bytes: core.io.kept_maps().held().1,
+        open_fds: core.io.fds().open_count() as u64,
+    };
+    Metrics::collect(c, s)
 }

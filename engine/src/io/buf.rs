@@ -28,7 +28,7 @@ use memmap2::MmapMut;
 use parking_lot::{Condvar, Mutex};
 
 use super::fills::Fills;
-use crate::fault::{self, FaultPlan, FaultPoint, Injected};
+use crate::fault::{FaultPlan, Injected, fault_point};
 use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal, record_frame};
 use crate::format::segment::FRAME_LEN;
 
@@ -497,7 +497,7 @@ impl BufferPool {
     /// Maps a buffer of `len` bytes already counted in `mapped` (its pages faulted in now if
     /// `populate`).
     fn map_new(self: &Arc<Self>, len: usize, full: bool, populate: bool) -> io::Result<IoBuf> {
-        let injected = match fault::check(&self.fault, FaultPoint::BufferMap) {
+        let injected = match fault_point!(BufferMap, self.fault) {
             Injected::Fail(errno) => Err(io::Error::from_raw_os_error(errno)),
             _ => Ok(()),
         };

@@ -10,7 +10,7 @@ use super::{
     Deadline, LaneRx, Msg, Op, OpKind, WriteData, abandoned, enter_lane, injected, pwrite_all,
     skip_len, take_overflow,
 };
-use crate::fault::{FaultPlan, Injected};
+use crate::fault::FaultPlan;
 
 pub(crate) fn spawn(
     index: usize,
@@ -66,12 +66,7 @@ fn run(op: Op, fault: &Option<Arc<FaultPlan>>, deadline: &Deadline) {
 
 /// Runs `op` with plain syscalls on the calling thread, through its fault point.
 pub(crate) fn perform(op: &Op, fault: &Option<Arc<FaultPlan>>) -> io::Result<usize> {
-    match injected(fault, op) {
-        Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
-        Injected::FailAfter(e) => execute(&op.kind).and(Err(io::Error::from_raw_os_error(e))),
-        Injected::Skip => Ok(skip_len(&op.kind)),
-        Injected::None => execute(&op.kind),
-    }
+    injected(fault, op).run(skip_len(&op.kind), || execute(&op.kind))
 }
 
 /// Runs one op with plain syscalls.

@@ -49,6 +49,7 @@ use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
+use crate::fault::fault_point;
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{Offloaded, Reaped, Reaper, SharedMap};
@@ -413,12 +414,7 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
     } = at;
     let name = SegmentFileName::new(seg);
     let path = || dir.path.join(name.as_str());
-    let task_plan = state.task().and_then(|t| t.fault_plan());
-    let _ = crate::fault::check2(
-        task_plan.as_ref(),
-        &state.core().fault,
-        crate::fault::FaultPoint::ReaderOpen,
-    );
+    fault_point!(ReaderOpen, state.core().fault, task: state.task().and_then(|t| t.fault_plan()));
     // The fd the writer left with the file (held here, so the fd bound cannot close it
     // under the read), or the file opened by name.
     let file = match kept {

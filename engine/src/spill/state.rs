@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use crate::cleanup::delete_segments;
 use crate::core::Core;
 use crate::error::{Result, SpillError, errno};
+use crate::fault::{FaultPlan, Injected, fault_point};
 use crate::format::segment::SegmentFileName;
 use crate::metrics::Counters;
 use crate::spill::grant::{Grant, StateInner};
@@ -227,11 +228,7 @@ impl SpilledState {
         }
         let core = inner.core().clone();
         let task_plan = inner.task().and_then(|t| t.fault_plan());
-        let _ = crate::fault::check2(
-            task_plan.as_ref(),
-            &core.fault,
-            crate::fault::FaultPoint::StatePublish,
-        );
+        fault_point!(StatePublish, core.fault, task: task_plan.as_ref());
         let plan = Plan {
             dest,
             dest_fd: dest_fd.as_fd(),
@@ -371,7 +368,7 @@ struct Plan<'a> {
     dest: &'a Path,
     dest_fd: BorrowedFd<'a>,
     targets: &'a [Target],
-    task_plan: Option<&'a Arc<crate::fault::FaultPlan>>,
+    task_plan: Option<&'a Arc<FaultPlan>>,
     core: &'a Arc<Core>,
 }
 
@@ -434,14 +431,8 @@ impl Plan<'_> {
         to_dir: BorrowedFd<'_>,
         to: &CStr,
     ) -> io::Result<()> {
-        match crate::fault::check2(
-            self.task_plan,
-            &self.core.fault,
-            crate::fault::FaultPoint::PublishRename,
-        ) {
-            crate::fault::Injected::Fail(e) | crate::fault::Injected::FailAfter(e) => {
-                Err(io::Error::from_raw_os_error(e))
-            }
+        match fault_point!(PublishRename, self.core.fault, task: self.task_plan) {
+            Injected::Fail(e) | Injected::FailAfter(e) => Err(io::Error::from_raw_os_error(e)),
             _ => fs::renameat_noreplace(from_dir, from, to_dir, to),
         }
     }

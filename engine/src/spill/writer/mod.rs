@@ -30,7 +30,7 @@ use crate::cleanup::delete_segments;
 use crate::config::WriteMode;
 use crate::core::Core;
 use crate::error::{Result, SpillError};
-use crate::fault::{self, FaultPoint};
+use crate::fault::fault_point;
 use crate::format::segment::MAX_RECORD;
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
@@ -479,12 +479,7 @@ impl SpillWriter {
             return Err(self.observe_abort());
         };
         self.life = Life::Finished;
-        let task_plan = self.ctx.task.fault_plan();
-        let _ = fault::check2(
-            task_plan.as_ref(),
-            &self.ctx.core.fault,
-            FaultPoint::WriterHandOff,
-        );
+        fault_point!(WriterHandOff, self.ctx.core.fault, task: self.ctx.task.fault_plan());
         let counts = (self.counts.records, self.counts.bytes);
         let r =
             SpilledState::register(self.ctx.task.clone(), self.ctx.lane, entries, counts, |m| {

@@ -14,7 +14,7 @@ use super::{Ctx, SpillWriter, Wait};
 use crate::cleanup::delete_segments;
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
-use crate::fault::{self, FaultPoint, Injected};
+use crate::fault::{Injected, fault_point};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf, SharedMap};
 use crate::metrics::Counters;
@@ -226,8 +226,7 @@ impl Ctx {
             Counters::add(&core.counters.pool_misses, 1);
             return Ok(None);
         };
-        let task_plan = self.task.fault_plan();
-        let _ = fault::check2(task_plan.as_ref(), &core.fault, FaultPoint::WriterReserve);
+        fault_point!(WriterReserve, core.fault, task: self.task.fault_plan());
         // What the file holds on disk from its last use: trimmed at `finish` if longer than
         // this use writes (the quota bounds blocks on disk).
         let on_disk = e.len.max(e.allocated);
@@ -358,12 +357,7 @@ impl Ctx {
         if self.shared.files.is_aborted() {
             return Err(SpillError::Aborted);
         }
-        let task_plan = self.task.fault_plan();
-        let _ = fault::check2(
-            task_plan.as_ref(),
-            &self.core.fault,
-            FaultPoint::WriterReserve,
-        );
+        fault_point!(WriterReserve, self.core.fault, task: self.task.fault_plan());
         let ticket = self.reserve_ticket(root, reserve)?;
         let Some(seg) = dir.next_segment() else {
             return Err(SpillError::SegmentsExhausted {
@@ -382,12 +376,8 @@ impl Ctx {
     /// ticket and the directory's file count, and marks the root failed on a device error.
     fn create_file(&self, r: Reserved) -> std::result::Result<(Reserved, OwnedFd), Failed> {
         let name = SegmentFileName::new(r.seg);
-        let task_plan = self.task.fault_plan();
-        let created = match fault::check2(
-            task_plan.as_ref(),
-            &self.core.fault,
-            FaultPoint::WriterCreate,
-        ) {
+        let injected = fault_point!(WriterCreate, self.core.fault, task: self.task.fault_plan());
+        let created = match injected {
             Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
             Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
             _ => self
@@ -487,12 +477,7 @@ impl Ctx {
             SegFile::Opened(..) => None,
         };
         // The write-after-delete window: a scope closed right here must not leave this file.
-        let task_plan = self.task.fault_plan();
-        let _ = fault::check2(
-            task_plan.as_ref(),
-            &self.core.fault,
-            FaultPoint::WriterAfterCreate,
-        );
+        fault_point!(WriterAfterCreate, self.core.fault, task: self.task.fault_plan());
         match self.shared.files.record(
             SegmentEntry::new(r.dir.clone(), r.seg, r.ticket).with_generation(generation, map),
         ) {

@@ -32,7 +32,7 @@ use super::sink::buffer_error;
 use super::{Life, SpillWriter, Wait};
 use crate::core::Core;
 use crate::error::{Result, SpillError};
-use crate::fault::{self, FaultPoint};
+use crate::fault::fault_point;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Refused};
 use crate::store::dir;
@@ -259,12 +259,7 @@ impl Ctx {
                 SpillError::WriterFailed
             });
         };
-        let task_plan = self.task.fault_plan();
-        let _ = fault::check2(
-            task_plan.as_ref(),
-            &self.core.fault,
-            FaultPoint::WriterReopen,
-        );
+        fault_point!(WriterReopen, self.core.fault, task: self.task.fault_plan());
         let fds = self.core.io.fds();
         let permit = fds.permit();
         let name = SegmentFileName::new(num);
