@@ -65,7 +65,7 @@ fi
 
 cd "$repo"
 # The commit the binaries are built from (the tree may change while the bench runs).
-commit="$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD || echo '+dirty')"
+commit="$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- . ':!results' || echo '+dirty')"
 exe=$(cargo bench -p spillring-benches --bench devices --no-run --message-format=json 2>/dev/null \
     | python3 -c '
 import json, sys

@@ -16,7 +16,7 @@
 #   scripts/slowdev.sh down          unmounts, detaches and deletes everything `up` made
 #   scripts/slowdev.sh check         up 1 device, time a 256 MiB `dd oflag=direct` in and out
 #                                    of the cgroup, down; fails unless the throttle holds
-#   scripts/slowdev.sh test          check, then up 1 device at 100 MB/s and run the engine's
+#   scripts/slowdev.sh test          check, then up 1 device at 50 MB/s and run the engine's
 #                                    tests that need a slow device (ignored otherwise) in the
 #                                    cgroup, with SPILLRING_SLOW_ROOT set; down
 #
@@ -119,7 +119,7 @@ check() {
 slow_tests() {
     check
     local m
-    m=$(up --devices 1 --mbps 100 --size-gib 2)
+    m=$(up --devices 1 --mbps 50 --size-gib 2)
     trap down EXIT
     SPILLRING_SLOW_ROOT=$m run_in cargo nextest run -p spillring --test codecs --run-ignored only \
         --no-fail-fast --no-capture auto_compresses_lineitem_rows_on_a_slow_device

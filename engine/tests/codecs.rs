@@ -437,7 +437,10 @@ fn auto_compresses_as_the_roots_filesystem_fills(b: BackendKind) {
 }
 
 /// On a slow device `Auto` compresses for time: the writer waits for the device, and the
-/// device time lz4's or zstd's saved bytes free pays for their CPU. Before `22f3222`, a trial
+/// device time lz4's or zstd's saved bytes free pays for their CPU. The device runs at 50 MB/s
+/// (`scripts/slowdev.sh test`): this test's build compresses at about 330 MB/s with lz4 (its
+/// dependencies at opt-level 1), and at 100 MB/s one writer stored about half its blocks raw
+/// (133-143 of 277 in three quiet runs), at 50 MB/s 59-62. Before `22f3222`, a trial
 /// that did not pay at one moment backed off as on incompressible data (up to 256 blocks), and
 /// on a 200 MB/s device `Auto` stored 215 of 274 lineitem blocks raw. The device is a loop
 /// filesystem whose writes `scripts/slowdev.sh` throttles, with this test in its cgroup:
