@@ -9,7 +9,8 @@
 //! device in direct mode). Then the states are dropped and the engine settled, untimed.
 //!
 //! Env:
-//! - `SPILLRING_DEV_ROOTS` (required): the roots, `:`-separated, one engine over all of them;
+//! - `SPILLRING_DEV_ROOTS`: the roots, `:`-separated, one engine over all of them (unset, as
+//!   under a plain `cargo bench`: two scratch directories and 64 MiB, a smoke run);
 //! - `SPILLRING_DEV_WRITERS`: writer threads (default: 2 per root);
 //! - `SPILLRING_DEV_BYTES`: logical bytes in all (default 1 GiB per root);
 //! - `SPILLRING_DEV_DATA`: `random` (default; `SPILLRING_DEV_RECORD` bytes per record, default
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use spillring::{Compression, EngineConfig, WriteMode};
 use spillring_benches::lineitem::{RecordSet, lineitem_records, random_records};
-use spillring_benches::{GIB_F, MIB, open_engine, process_cpu, thread_cpu};
+use spillring_benches::{GIB_F, MIB, open_engine, process_cpu, scratch, thread_cpu};
 
 const LINEITEM_SEED: u64 = 20_261_201;
 const RANDOM_SEED: u64 = 11;
@@ -82,13 +83,29 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo bench --no-run`/`--list` probes: nothing to list.
     }
-    let roots: Vec<String> = env("SPILLRING_DEV_ROOTS")
-        .expect("SPILLRING_DEV_ROOTS: the roots, ':'-separated")
-        .split(':')
-        .map(str::to_owned)
-        .collect();
+    // Without roots (as `cargo bench`, and so the bench report's smoke run, starts it): two
+    // scratch directories on the bench root and 64 MiB, a check that the bench runs.
+    let scratch_roots: Vec<tempfile::TempDir> = if env("SPILLRING_DEV_ROOTS").is_none() {
+        (0..2)
+            .map(|i| scratch(&format!("devices-{i}")).expect("create a scratch directory"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let roots: Vec<String> = match env("SPILLRING_DEV_ROOTS") {
+        Some(r) => r.split(':').map(str::to_owned).collect(),
+        None => scratch_roots
+            .iter()
+            .map(|d| d.path().display().to_string())
+            .collect(),
+    };
+    let default_total = if scratch_roots.is_empty() {
+        roots.len() << 30
+    } else {
+        64 * MIB
+    };
     let writers = env_num("SPILLRING_DEV_WRITERS", 2 * roots.len()).max(1);
-    let total = env_num("SPILLRING_DEV_BYTES", roots.len() << 30);
+    let total = env_num("SPILLRING_DEV_BYTES", default_total);
     let data = env("SPILLRING_DEV_DATA").unwrap_or_else(|| "random".into());
     let record = env_num("SPILLRING_DEV_RECORD", MIB);
     let codec = env("SPILLRING_DEV_COMPRESSION").unwrap_or_else(|| "none".into());
