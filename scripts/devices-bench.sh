@@ -66,17 +66,7 @@ fi
 cd "$repo"
 # The commit the binaries are built from (the tree may change while the bench runs).
 commit="$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- . ':!results' || echo '+dirty')"
-exe=$(cargo bench -p spillring-benches --bench devices --no-run --message-format=json 2>/dev/null \
-    | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "devices" and m.get("executable"):
-        print(m["executable"])
-')
+exe=$("$here/bench-exe.sh" devices || true)
 [[ -n "$exe" ]] || { echo "devices-bench.sh: could not build the devices bench" >&2; exit 1; }
 
 slow="$here/slowdev.sh"

@@ -46,17 +46,7 @@ if ! command -v fio >/dev/null 2>&1; then
 fi
 
 cd "$repo"
-exe=$(cargo bench -p spillring-benches --bench throughput --no-run --message-format=json 2>/dev/null \
-    | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "throughput" and m.get("executable"):
-        print(m["executable"])
-')
+exe=$("$here/bench-exe.sh" throughput || true)
 if [[ -z "$exe" ]]; then
     echo "fio-baseline.sh: could not build the throughput bench" >&2
     exit 1

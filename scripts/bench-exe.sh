@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# bench-exe.sh NAME: builds the spillring-benches bench NAME (`cargo bench --no-run`) and
+# prints its executable's path; prints nothing (and fails) when it could not be built.
+# Used by the scripts that run one bench binary themselves (fio-baseline.sh, devices-bench.sh).
+set -euo pipefail
+name=${1:?usage: bench-exe.sh NAME}
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+exe=$(cargo bench -p spillring-benches --bench "$name" --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == sys.argv[1] and m.get("executable"):
+        print(m["executable"])
+' "$name")
+[[ -n "$exe" ]] || exit 1
+echo "$exe"
