@@ -93,7 +93,8 @@ up() {
 
 run() {
     [[ -d "$cg" ]] || die "no rig is up (scripts/slowdev.sh up first)"
-    echo $$ > "$cg/tasks"
+    # $BASHPID, not $$: in a subshell (`slow_tests`) $$ is the script's own process.
+    echo $BASHPID > "$cg/tasks"
     exec "$@"
 }
 
@@ -121,12 +122,8 @@ slow_tests() {
     local m
     m=$(up --devices 1 --mbps 50 --size-gib 2)
     trap down EXIT
-    SPILLRING_SLOW_ROOT=$m run_in cargo nextest run -p spillring --test codecs --run-ignored only \
-        --no-fail-fast --no-capture auto_compresses_lineitem_rows_on_a_slow_device
-}
-
-run_in() {
-    ( echo $BASHPID > "$cg/tasks" && exec "$@" )
+    ( SPILLRING_SLOW_ROOT=$m run cargo nextest run -p spillring --test codecs --run-ignored only \
+        --no-fail-fast --no-capture auto_compresses_lineitem_rows_on_a_slow_device )
 }
 
 case "${1:-}" in
