@@ -53,7 +53,7 @@ pub(crate) fn report(core: &Core) -> CleanupReport {
         .iter()
         .take(5)
         .filter_map(|r| {
-            let d = core.store.dirs.get(r.dir)?;
+            let d = core.store.dir(r.dir as usize)?;
             Some(d.path.join(SegmentFileName::new(r.seg).as_str()))
         })
         .collect();
@@ -130,26 +130,18 @@ impl OpSink for DeleteBatch {
         let Some(entry) = entry else { return };
         let c = &self.core.counters;
         c.latency.delete.record_since(self.started);
-        match res {
-            Ok(_) => {
-                Counters::add(&c.files_deleted, 1);
-                confirmed(entry);
+        let outcome = Unlinked::of(&res);
+        if outcome.count(c) {
+            drop(entry.release());
+        } else {
+            if outcome == Unlinked::NotStarted {
+                tracing::debug!(path = %entry.path().display(),
+                    "segment delete not started before shutdown's deadline; left for the next open");
+            } else {
+                tracing::warn!(path = %entry.path().display(), error = ?res.err(),
+                    "segment delete failed; handing its name to the cleanup worker");
             }
-            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => {
-                Counters::add(&c.files_already_absent, 1);
-                confirmed(entry);
-            }
-            Err(e) => {
-                if crate::io::is_abandoned(&e) {
-                    tracing::debug!(path = %entry.path().display(),
-                        "segment delete not started before shutdown's deadline; left for the next open");
-                } else {
-                    Counters::add(&c.delete_failures, 1);
-                    tracing::warn!(path = %entry.path().display(), error = %e,
-                        "segment delete failed; handing its name to the cleanup worker");
-                }
-                entry.retain(&self.core.store.cleanup);
-            }
+            entry.retain(&self.core.store.cleanup);
         }
         // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
         // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
@@ -234,6 +226,67 @@ fn delete_pooled(core: &Arc<Core>, all: Vec<SegmentEntry>) -> usize {
 }
 
 /// A file is confirmed gone: release its ticket.
-fn confirmed(entry: SegmentEntry) {
-    drop(entry.release());
+/// What an unlink's outcome means for the ticket of the file it named: the one reading that
+/// the delete batch, the cleanup worker and a rotation's pool trim share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unlinked {
+    /// Removed: its ticket may go.
+    Deleted,
+    /// Already absent (`ENOENT`): gone as well, its ticket may go.
+    Absent,
+    /// Not started before shutdown's deadline: the name stays queued, not a failure.
+    NotStarted,
+    /// Failed: the name goes (or stays) with the worker, its ticket held.
+    Failed,
+}
+
+impl Unlinked {
+    /// Reads an unlink's result.
+    pub(crate) fn of<T>(res: &io::Result<T>) -> Self {
+        match res {
+            Ok(_) => Unlinked::Deleted,
+            Err(e) if e.raw_os_error() == Some(errno::ENOENT) => Unlinked::Absent,
+            Err(e) if crate::io::is_abandoned(e) => Unlinked::NotStarted,
+            Err(_) => Unlinked::Failed,
+        }
+    }
+
+    /// Counts it (`files_deleted`, `files_already_absent` or `delete_failures`); true when the
+    /// file is gone.
+    pub(crate) fn count(self, c: &Counters) -> bool {
+        let counter = match self {
+            Unlinked::Deleted => &c.files_deleted,
+            Unlinked::Absent => &c.files_already_absent,
+            Unlinked::Failed => &c.delete_failures,
+            Unlinked::NotStarted => return false,
+        };
+        Counters::add(counter, 1);
+        matches!(self, Unlinked::Deleted | Unlinked::Absent)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod unlinked_tests {
+    use super::*;
+
+    #[test]
+    fn an_unlinks_outcome_is_read_and_counted_once() {
+        let c = Counters::default();
+        let err = |n| Err::<(), _>(io::Error::from_raw_os_error(n));
+        let cases = [
+            (Ok(()), Unlinked::Deleted, true),
+            (err(errno::ENOENT), Unlinked::Absent, true),
+            (err(errno::ECANCELED), Unlinked::NotStarted, false),
+            (Err(io::Error::other("no errno")), Unlinked::Failed, false),
+            (err(errno::EIO), Unlinked::Failed, false),
+        ];
+        for (res, want, gone) in cases {
+            assert_eq!(Unlinked::of(&res), want);
+            assert_eq!(want.count(&c), gone);
+        }
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(n(&c.files_deleted), 1);
+        assert_eq!(n(&c.files_already_absent), 1);
+        assert_eq!(n(&c.delete_failures), 2);
+    }
 }

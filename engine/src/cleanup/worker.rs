@@ -7,9 +7,10 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::Unlinked;
 use crate::core::Core;
 use crate::fault::FaultPoint;
-use crate::io::{Op, OpKind, OpSink};
+use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
 use crate::store::ledger::RetainedTicket;
 use crate::store::queue::{Record, Work};
@@ -109,14 +110,11 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
     let started = std::time::Instant::now();
     let sink = Arc::new(WorkerBatch::new(n));
-    // The last directory looked up: one table lock per run of records of one directory.
-    let mut last = None;
     for (i, r) in batch.iter().enumerate() {
         let op = core
             .store
-            .dirs
-            .get_via(r.dir, &mut last)
-            .map(|d| (d.parent.fd.clone(), d.segment_rel(r.seg)));
+            .dir(r.dir as usize)
+            .map(|d| (d.fd.clone(), NameBuf::segment(r.seg)));
         match op {
             Some((fd, name)) => {
                 let mut op = Op {
@@ -143,7 +141,7 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
                     core.io.submit(0, op);
                 }
             }
-            // The directory is gone from the table: nothing of it can be deleted any more.
+            // No such directory (a record can only name a root in use): nothing to delete.
             None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(errno::ENOENT))),
         }
     }
@@ -155,29 +153,22 @@ fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
         if res.is_some() {
             core.counters.latency.delete.record(elapsed);
         }
-        let ok = match &res {
-            Some(Ok(_)) => true,
-            Some(Err(e)) if !crate::io::is_abandoned(e) => e.raw_os_error() == Some(errno::ENOENT),
-            // Not attempted (the worker or the engine is stopping): back to the queue, not a
-            // failure.
-            _ => {
+        // Not attempted (the worker or the engine is stopping): back to the queue, not a
+        // failure.
+        let outcome = res.as_ref().map_or(Unlinked::NotStarted, Unlinked::of);
+        match outcome {
+            Unlinked::Deleted | Unlinked::Absent => {}
+            Unlinked::NotStarted | Unlinked::Failed => {
+                if outcome == Unlinked::Failed {
+                    Counters::add(&core.counters.delete_failures, 1);
+                }
                 failed.push(r);
                 continue;
             }
-        };
-        if !ok {
-            Counters::add(&core.counters.delete_failures, 1);
-            failed.push(r);
-            continue;
         }
-        let root = core
-            .store
-            .dirs
-            .get_via(r.dir, &mut last)
-            .map_or(0, |d| d.parent.root);
         core.store
             .ledger
-            .release_retained_on(root, RetainedTicket::from_pages(r.pages));
+            .release_retained_on(r.dir as usize, RetainedTicket::from_pages(r.pages));
         Counters::add(&core.counters.cleanup_released, 1);
         core.store.cleanup.record_done();
     }

@@ -232,7 +232,7 @@ impl Engine {
             out.push(OwnedFile::of(v, FileKind::Pooled, None, &root_of));
         }
         for (r, age) in core.store.cleanup.file_records() {
-            let Some(dir) = core.store.dirs.get(r.dir) else {
+            let Some(dir) = core.store.dir(r.dir as usize) else {
                 continue;
             };
             let path = dir
@@ -240,7 +240,7 @@ impl Engine {
                 .join(crate::format::segment::SegmentFileName::new(r.seg).as_str());
             out.push(OwnedFile {
                 path,
-                root: root_of(dir.parent.root),
+                root: root_of(dir.root),
                 task: None,
                 kind: FileKind::AwaitingDelete,
                 size: None,

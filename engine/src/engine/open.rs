@@ -14,9 +14,9 @@ use crate::error::{Result, SpillError};
 use crate::io::{BufferPool, IoHandle, IoSetup, Reaper};
 use crate::metrics::Counters;
 use crate::store::Store;
-use crate::store::dir::ProcDir;
 use crate::store::ledger::Ledger;
 use crate::store::pool::SegmentPool;
+use crate::store::proc::ProcDir;
 use crate::store::proc::{self, random_id};
 use crate::store::queue::CleanupQueue;
 use crate::store::roots::{Roots, probe_direct};
@@ -63,7 +63,8 @@ impl Engine {
         };
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
-        let opened = open_roots(&cfg, &reaper)?;
+        let cleanup = Arc::new(CleanupQueue::new(cfg.ticket_capacity));
+        let opened = open_roots(&cfg, &reaper, &cleanup)?;
         // A failure from here on must not leave our directories behind: nothing of a dead
         // engine was moved into them yet (that comes last), so they are empty.
         if cfg.mode == WriteMode::Direct
@@ -98,7 +99,7 @@ impl Engine {
         let store = Store::new(
             Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
             Roots::new(paths, proc_dirs, created, cfg.root_skip),
-            Arc::new(CleanupQueue::new(cfg.ticket_capacity)),
+            cleanup,
             SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
         );
         let core = Arc::new(Core::new(cfg, id, io, store, key));
@@ -160,7 +161,11 @@ impl OpenedRoots {
 /// directory under it. A root that is not a directory fails the open; one that fails with an
 /// OS error is skipped (warned, counted) if another works, else the first root's error is
 /// returned. On a failure, removes everything it made.
-fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
+fn open_roots(
+    cfg: &EngineConfig,
+    reaper: &Reaper,
+    cleanup: &Arc<CleanupQueue>,
+) -> Result<OpenedRoots> {
     let mut o = OpenedRoots {
         id: random_id(),
         paths: Vec::with_capacity(cfg.roots.len()),
@@ -172,7 +177,7 @@ fn open_roots(cfg: &EngineConfig, reaper: &Reaper) -> Result<OpenedRoots> {
     let mut skipped = Vec::new();
     for root in &cfg.roots {
         let made = proc::prepare_root(root).and_then(|created| {
-            match proc::make_own(root, o.paths.len(), &mut o.id, reaper) {
+            match proc::make_own(root, o.paths.len(), &mut o.id, reaper, cleanup) {
                 Ok(pd) => Ok((pd, created)),
                 Err(e) => {
                     proc::remove_created(created.iter());

@@ -6,8 +6,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::spill::task::TaskShared;
-use crate::store::dir;
 use crate::store::proc;
+use crate::sys::fs;
 
 use super::EngineInner;
 
@@ -16,11 +16,11 @@ impl EngineInner {
         let start = Instant::now();
         let deadline = start + budget;
         if self.core.begin_shutdown() {
-            return self
-                .last_report
-                .lock()
-                .clone()
-                .unwrap_or_else(|| self.report(start, false));
+            return self.last_report.lock().clone().unwrap_or_else(|| {
+                // The first shutdown is still running: nothing is removed yet.
+                let dirs = self.core.store.roots.proc_dirs().len() as u64;
+                self.report(start, false, dirs)
+            });
         }
         let core = &self.core;
         // From the deadline on, queued I/O fails instead of starting: what is left then is
@@ -54,16 +54,19 @@ impl EngineInner {
         core.io.shutdown();
         // Our process directories go too when nothing is left in them; otherwise the next
         // open (of any engine on the root) sweeps them.
+        let mut dirs_left = 0;
         for pd in core.store.roots.proc_dirs() {
-            if let Some(parent) = pd.path.parent()
+            let removed = if let Some(parent) = pd.path.parent()
                 && let Some(name) = pd.path.file_name()
                 && let (Ok(pfd), Ok(cname)) = (
-                    dir::open_dir(parent),
+                    fs::open_dir(parent),
                     std::ffi::CString::new(name.as_encoded_bytes()),
-                )
-            {
-                let _ = dir::unlink_at(pfd.as_fd(), &cname, true);
-            }
+                ) {
+                fs::unlinkat(pfd.as_fd(), &cname, true).is_ok()
+            } else {
+                false
+            };
+            dirs_left += u64::from(!removed);
         }
         // And the roots the open created, when empty.
         proc::remove_created(core.store.roots.created());
@@ -72,19 +75,19 @@ impl EngineInner {
         let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);
         core.io.reaper().flush_until(reaped_by);
         self.reaper_thread.stop(reaped_by);
-        let report = self.report(start, drained);
+        let report = self.report(start, drained, dirs_left);
         *self.last_report.lock() = Some(report.clone());
         report
     }
 
-    fn report(&self, start: Instant, drained: bool) -> ShutdownReport {
+    fn report(&self, start: Instant, drained: bool, dirs_left: u64) -> ShutdownReport {
         let core = &self.core;
         ShutdownReport {
             drained,
             elapsed: start.elapsed(),
             cleanup_pending: core.store.cleanup.pending(),
             tickets_held: core.store.ledger.used() as u64,
-            directories_left: core.store.dirs_left() as u64,
+            directories_left: dirs_left,
             orphan_sweeps_left: core.store.cleanup.sweeps_pending(),
         }
     }
@@ -139,7 +142,8 @@ pub struct ShutdownReport {
     pub cleanup_pending: u64,
     /// Tickets still held (files the engine could not confirm deleted).
     pub tickets_held: u64,
-    /// Task directories not removed.
+    /// This engine's process directories not removed (one that still holds a file stays; the
+    /// next open on its root sweeps it).
     pub directories_left: u64,
     /// Directories of dead engines not yet swept (the next open sweeps them).
     pub orphan_sweeps_left: u64,

@@ -147,39 +147,12 @@ impl std::fmt::Debug for NameBuf {
 }
 
 impl NameBuf {
-    /// `None` when the name has a NUL or does not fit.
     /// The name of segment `seg`.
     pub(crate) fn segment(seg: u32) -> Self {
         let n = SegmentFileName::new(seg);
         let mut buf = [0u8; NAME_BUF];
         let b = n.as_cstr().to_bytes();
         buf[..b.len()].copy_from_slice(b);
-        NameBuf { buf }
-    }
-
-    /// `dir/<segment file name>`.
-    pub(crate) fn joined(dir: &NameBuf, seg: u32) -> Self {
-        let n = SegmentFileName::new(seg);
-        let d = dir.as_bytes();
-        let f = n.as_cstr().to_bytes();
-        let mut buf = [0u8; NAME_BUF];
-        // The directory part is "." (segments live flat) and a segment name is at most 28.
-        let dl = d.len().min(NAME_BUF - 2 - f.len());
-        buf[..dl].copy_from_slice(&d[..dl]);
-        buf[dl] = b'/';
-        buf[dl + 1..dl + 1 + f.len()].copy_from_slice(f);
-        NameBuf { buf }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        let end = self.buf.iter().position(|&b| b == 0).unwrap_or(NAME_BUF);
-        &self.buf[..end]
-    }
-
-    /// ".": the directory itself, so a [`NameBuf::joined`] name is relative to it.
-    pub(crate) fn dot() -> Self {
-        let mut buf = [0u8; NAME_BUF];
-        buf[0] = b'.';
         NameBuf { buf }
     }
 

@@ -15,8 +15,8 @@ use crate::cleanup::{delete_segments, recycle};
 use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::spill::task::{Member, TaskShared};
-use crate::store::dir::TaskDir;
 use crate::store::entry::SegmentEntry;
+use crate::store::proc::ProcDir;
 use crate::sync;
 
 /// Where a state's files are in their life.
@@ -180,7 +180,7 @@ impl<T> Grants<T> {
 
 /// Where a state's segment is, for its reader.
 pub(crate) struct SegmentAt {
-    pub(crate) dir: Arc<TaskDir>,
+    pub(crate) dir: Arc<ProcDir>,
     pub(crate) seg: u32,
     pub(crate) len: u64,
     pub(crate) generation: u32,

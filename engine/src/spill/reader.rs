@@ -57,7 +57,7 @@ use crate::metrics::Counters;
 use crate::spill::budget::Budget;
 use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
 use crate::spill::segment_read::{CurBlock, ReadSmall, SegmentFd, read_small, touch_pages};
-use crate::store::dir::TaskDir;
+use crate::store::proc::ProcDir;
 
 /// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
 enum MapRef {
@@ -112,7 +112,7 @@ struct Mapped {
     /// This use of the file: every frame's checksum binds it.
     generation: u32,
     /// The segment's directory, for the path in an error (built only then).
-    dir: Arc<TaskDir>,
+    dir: Arc<ProcDir>,
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
@@ -428,7 +428,7 @@ fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped
                 .core()
                 .io
                 .fds()
-                .open_with(|| crate::store::dir::open_read_at(dir.as_fd(), name.as_cstr()));
+                .open_with(|| crate::sys::fs::open_file_at(dir.as_fd(), name.as_cstr(), false));
             match opened {
                 Ok(fd) => SegmentFd::Opened(fd),
                 Err(e) => return Err(open_error(state, path(), e)),

@@ -22,7 +22,6 @@ use crate::metrics::Counters;
 use crate::spill::grant::{Grant, StateInner};
 use crate::spill::reader::SpillReader;
 use crate::spill::task::{Member, TaskShared};
-use crate::store::dir;
 use crate::store::entry::SegmentEntry;
 use crate::sys::fs;
 
@@ -214,7 +213,7 @@ impl SpilledState {
                 got: format!("{:#o}", opts.mode),
             });
         }
-        let dest_fd = dir::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
+        let dest_fd = fs::open_dir(dest).map_err(|e| SpillError::io("open", dest, e))?;
         let targets: Vec<Target> = (0..inner.segments)
             .map(|i| Target::new(dest, prefix, i))
             .collect::<Result<_>>()?;
@@ -473,7 +472,7 @@ impl Plan<'_> {
         }
         for e in entries {
             let name = SegmentFileName::new(e.seg);
-            if let Ok(fd) = dir::open_write_at(e.dir.as_fd(), name.as_cstr()) {
+            if let Ok(fd) = fs::open_file_at(e.dir.as_fd(), name.as_cstr(), true) {
                 let _ = fs::fchmod(fd.as_fd(), PRIVATE_MODE);
             }
         }
@@ -483,7 +482,7 @@ impl Plan<'_> {
 /// Truncates a segment to its written length if it is longer, and sets its mode.
 fn prepare_file(e: &SegmentEntry, len: u64, mode: u32) -> io::Result<()> {
     let name = SegmentFileName::new(e.seg);
-    let fd = dir::open_write_at(e.dir.as_fd(), name.as_cstr())?;
+    let fd = fs::open_file_at(e.dir.as_fd(), name.as_cstr(), true)?;
     let f = std::fs::File::from(fd);
     if f.metadata()?.len() != len {
         f.set_len(len)?;

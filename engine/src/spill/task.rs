@@ -14,8 +14,8 @@ use crate::core::{Core, EngineGuard};
 use crate::error::{Result, SpillError};
 use crate::fault::FaultPlan;
 use crate::spill::writer::SpillWriter;
-use crate::store::dir::TaskDir;
 use crate::store::entry::EntryView;
+use crate::store::proc::ProcDir;
 
 /// Something a scope closes when it closes.
 pub(crate) trait Member: Send + Sync {
@@ -313,7 +313,7 @@ impl TaskShared {
 
     /// Where this task's segments go under root `root`: the engine's process directory there
     /// (segments live flat in it; the scope owns its segments, not a directory).
-    pub(crate) fn dir(&self, root: usize) -> Result<Arc<TaskDir>> {
+    pub(crate) fn dir(&self, root: usize) -> Result<Arc<ProcDir>> {
         if self.is_closed() {
             return Err(SpillError::Aborted);
         }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::format::segment::SegmentFileName;
 use crate::io::{CachedFile, FileHandle, SharedMap};
-use crate::store::dir::TaskDir;
 use crate::store::ledger::Ticket;
+use crate::store::proc::ProcDir;
 use crate::store::queue::CleanupQueue;
 
 /// One segment file owned by whoever holds this: its directory, number and ticket. It ends by
@@ -17,7 +17,7 @@ use crate::store::queue::CleanupQueue;
 /// never forgotten while it may exist.
 #[derive(Debug)]
 pub(crate) struct SegmentEntry {
-    pub dir: Arc<TaskDir>,
+    pub dir: Arc<ProcDir>,
     pub seg: u32,
     /// Written length (set when the segment is sealed).
     pub len: u64,
@@ -54,7 +54,7 @@ pub(crate) struct EntryView {
 }
 
 impl SegmentEntry {
-    pub(crate) fn new(dir: Arc<TaskDir>, seg: u32, ticket: Ticket) -> Self {
+    pub(crate) fn new(dir: Arc<ProcDir>, seg: u32, ticket: Ticket) -> Self {
         SegmentEntry {
             dir,
             seg,
@@ -76,7 +76,7 @@ impl SegmentEntry {
     /// The entry as an operator sees it.
     pub(crate) fn view(&self) -> EntryView {
         EntryView {
-            root: self.dir.parent.root,
+            root: self.dir.root,
             path: self.path(),
             reserved: self.reserved(),
             age: self.since.elapsed(),
@@ -117,7 +117,7 @@ impl SegmentEntry {
 
     /// The file is confirmed gone (or published): releases the ticket and returns the
     /// directory, whose file count the caller decrements.
-    pub(crate) fn release(mut self) -> Arc<TaskDir> {
+    pub(crate) fn release(mut self) -> Arc<ProcDir> {
         drop(self.ticket.take());
         self.dir.clone()
     }
@@ -125,7 +125,7 @@ impl SegmentEntry {
     /// Takes the entry apart for a new use of its file (the segment pool's reuse): its
     /// directory, number and ticket (its kept fd, if any, closes unless the caller took it).
     /// The caller records the file again under the abort check.
-    pub(crate) fn into_reuse(mut self) -> Option<(Arc<TaskDir>, u32, Ticket)> {
+    pub(crate) fn into_reuse(mut self) -> Option<(Arc<ProcDir>, u32, Ticket)> {
         let t = self.ticket.take()?;
         Some((self.dir.clone(), self.seg, t))
     }
@@ -133,7 +133,7 @@ impl SegmentEntry {
     /// Hands the name to the cleanup worker, ticket held.
     pub(crate) fn retain(mut self, cleanup: &CleanupQueue) {
         if let Some(t) = self.ticket.take() {
-            cleanup.retain_file(&self.dir, self.seg, t.retain());
+            cleanup.retain_file(self.dir.root, self.seg, t.retain());
         }
     }
 }
@@ -151,7 +151,7 @@ impl Drop for SegmentEntry {
                 "a segment was dropped without a hand-off; its name goes to the cleanup worker");
             self.dir
                 .cleanup
-                .retain_file(&self.dir, self.seg, t.retain());
+                .retain_file(self.dir.root, self.seg, t.retain());
         }
     }
 }
@@ -159,25 +159,14 @@ impl Drop for SegmentEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::{FileHandle, NameBuf, Reaper};
-    use crate::store::dir::{DirTable, ProcDir};
+    use crate::io::{FileHandle, Reaper};
     use crate::store::ledger::Ledger;
     use std::path::Path;
 
-    fn task_dir(cleanup: &Arc<CleanupQueue>) -> Arc<TaskDir> {
-        let fd = || crate::store::dir::open_dir(Path::new("/")).unwrap();
-        let parent = Arc::new(ProcDir {
-            path: PathBuf::from("/"),
-            fd: FileHandle::new(fd(), Reaper::inline()),
-            root: 0,
-        });
-        let table = DirTable::default();
-        let entry = table.insert(PathBuf::from("/"), NameBuf::dot(), parent);
-        Arc::new(TaskDir {
-            entry,
-            fd: FileHandle::new(fd(), Reaper::inline()),
-            cleanup: cleanup.clone(),
-        })
+    fn task_dir(cleanup: &Arc<CleanupQueue>) -> Arc<ProcDir> {
+        let fd = crate::sys::fs::open_dir(Path::new("/")).unwrap();
+        let fd = FileHandle::new(fd, Reaper::inline());
+        Arc::new(ProcDir::new(PathBuf::from("/"), fd, 0, cleanup.clone()))
     }
 
     /// A segment dropped without a hand-off keeps its ticket and sends its name to the cleanup
@@ -196,7 +185,7 @@ mod tests {
         );
         assert_eq!(ledger.bytes_used(), 8192);
         assert_eq!(cleanup.pending(), 1);
-        assert_eq!(cleanup.snapshot(), vec![(dir.index, 7)]);
+        assert_eq!(cleanup.snapshot(), vec![(dir.root as u32, 7)]);
         // Released or retained entries end for good: no second record.
         SegmentEntry::new(dir.clone(), 8, ledger.reserve(1).unwrap()).retain(&cleanup);
         assert_eq!(cleanup.pending(), 2);

@@ -70,7 +70,7 @@ impl SegmentPool {
     /// Keeps `e` for reuse if it fits the bounds; gives it back (to delete) otherwise.
     pub(crate) fn put(&self, mut e: SegmentEntry) -> Result<(), SegmentEntry> {
         let size = size_of(&e);
-        let root = e.dir.parent.root;
+        let root = e.dir.root;
         let mut p = self.inner.lock();
         if p.closed
             || p.count >= self.max_segments

@@ -15,10 +15,54 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{Result, SpillError};
 use crate::format::names::{PROC_PREFIX, proc_dir_name};
 use crate::io::{FileHandle, Reaper};
-use crate::store::dir::{self, ProcDir};
-use crate::sys::{self, errno};
+use crate::store::queue::CleanupQueue;
+use crate::sys::{errno, fs};
 
 static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The engine's own directory under one root, locked for the engine's life. Every segment
+/// under that root lives flat in it, and a cleanup record names it by its root's index.
+#[derive(Debug)]
+pub(crate) struct ProcDir {
+    pub path: PathBuf,
+    pub fd: Arc<FileHandle>,
+    /// Its root's index among the roots in use.
+    pub root: usize,
+    /// Where a segment of this directory dropped without a hand-off sends its name.
+    pub cleanup: Arc<CleanupQueue>,
+    /// Counted in 64 bits so it never wraps back to a number in use.
+    next_segment: AtomicU64,
+}
+
+impl ProcDir {
+    pub(crate) fn new(
+        path: PathBuf,
+        fd: Arc<FileHandle>,
+        root: usize,
+        cleanup: Arc<CleanupQueue>,
+    ) -> Self {
+        let next_segment = AtomicU64::new(0);
+        ProcDir {
+            path,
+            fd,
+            root,
+            cleanup,
+            next_segment,
+        }
+    }
+
+    /// The next unused segment number, or `None` when they ran out (at `u32::MAX`).
+    pub(crate) fn next_segment(&self) -> Option<u32> {
+        let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
+        u32::try_from(n).ok().filter(|&n| n < u32::MAX)
+    }
+}
+
+impl std::os::fd::AsFd for ProcDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
 
 /// Makes sure `root` is a directory. A missing root is created, with its missing parents
 /// (mode 0777 less the umask, like `mkdir -p`); the directories created are returned, top
@@ -97,9 +141,10 @@ pub(crate) fn make_own(
     index: usize,
     id: &mut u64,
     reaper: &Reaper,
+    cleanup: &Arc<CleanupQueue>,
 ) -> Result<Arc<ProcDir>> {
     let root_err = |op, e| SpillError::io(op, root, e);
-    let root_fd = dir::open_dir(root).map_err(|e| root_err("open root", e))?;
+    let root_fd = fs::open_dir(root).map_err(|e| root_err("open root", e))?;
     // Make and lock our directory. Another engine's sweep can take the lock of a directory
     // between our mkdir and our flock (it looks dead then); if that happened, we see that the
     // lock is held, or that our path no longer names our directory, and start over.
@@ -110,7 +155,7 @@ pub(crate) fn make_own(
         let cname = CString::new(name.clone())
             .map_err(|_| root_err("name", io::ErrorKind::InvalidInput.into()))?;
         let path = root.join(&name);
-        match dir::mkdir_at(root_fd.as_fd(), &cname) {
+        match fs::mkdir_private(root_fd.as_fd(), &cname) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 8 => {
                 *id = random_id();
@@ -118,7 +163,7 @@ pub(crate) fn make_own(
             }
             Err(e) => return Err(SpillError::io("create process directory", path, e)),
         }
-        let fd = match dir::open_dir_at(root_fd.as_fd(), &cname) {
+        let fd = match fs::open_dir_at(root_fd.as_fd(), &cname) {
             Ok(fd) => fd,
             // Another engine's sweep took our new directory before we opened it (it had no
             // lock yet, so it looked dead): start over with a fresh name.
@@ -128,7 +173,7 @@ pub(crate) fn make_own(
             }
             Err(e) => return Err(SpillError::io("open process directory", path, e)),
         };
-        let locked = match dir::try_lock(fd.as_fd()) {
+        let locked = match fs::try_lock_exclusive(fd.as_fd()) {
             Ok(l) => l,
             Err(e) => {
                 let _ = std::fs::remove_dir(&path);
@@ -137,11 +182,8 @@ pub(crate) fn make_own(
         };
         let ours = locked && same_inode(&fd, &path);
         if ours {
-            break ProcDir {
-                path,
-                fd: FileHandle::new(fd, reaper.clone()),
-                root: index,
-            };
+            let fd = FileHandle::new(fd, reaper.clone());
+            break ProcDir::new(path, fd, index, cleanup.clone());
         }
         if tries >= 8 {
             return Err(SpillError::io(
@@ -161,7 +203,7 @@ pub(crate) fn make_own(
 /// and left alone.
 pub(crate) fn claim_dead(root: &Path, ours: &ProcDir) -> Vec<PathBuf> {
     let mut claimed = Vec::new();
-    let root_fd = match dir::open_dir(root) {
+    let root_fd = match fs::open_dir(root) {
         Ok(fd) => fd,
         Err(e) => {
             tracing::warn!(root = %root.display(), error = %e,
@@ -169,7 +211,7 @@ pub(crate) fn claim_dead(root: &Path, ours: &ProcDir) -> Vec<PathBuf> {
             return claimed;
         }
     };
-    let names = match dir::list_dir(root) {
+    let names = match fs::list_dir(root) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(root = %root.display(), error = %e,
@@ -193,7 +235,7 @@ pub(crate) fn claim_dead(root: &Path, ours: &ProcDir) -> Vec<PathBuf> {
 }
 
 fn same_inode(fd: &std::os::fd::OwnedFd, path: &Path) -> bool {
-    sys::fs::same_inode(fd.as_fd(), path).unwrap_or(false)
+    fs::same_inode(fd.as_fd(), path).unwrap_or(false)
 }
 
 /// Takes `name`'s lock if its owner is dead, and moves it into our directory. `None` for a
@@ -204,7 +246,7 @@ fn claim_one(
     ours: &ProcDir,
 ) -> io::Result<Option<PathBuf>> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let fd = match dir::open_dir_at(root_fd.as_fd(), &cname) {
+    let fd = match fs::open_dir_at(root_fd.as_fd(), &cname) {
         Ok(fd) => fd,
         Err(e)
             if matches!(
@@ -216,7 +258,7 @@ fn claim_one(
         }
         Err(e) => return Err(e),
     };
-    if !dir::try_lock(fd.as_fd())? {
+    if !fs::try_lock_exclusive(fd.as_fd())? {
         return Ok(None); // alive
     }
     let to = format!(
@@ -226,7 +268,7 @@ fn claim_one(
     );
     let cto = CString::new(to.clone()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // Still holding the dead engine's lock, so no other sweeper moves it at the same time.
-    dir::rename_at(root_fd.as_fd(), &cname, ours.fd.as_fd(), &cto)?;
+    fs::renameat_noreplace(root_fd.as_fd(), &cname, ours.fd.as_fd(), &cto)?;
     drop(fd);
     Ok(Some(ours.path.join(to)))
 }
@@ -244,4 +286,22 @@ pub(crate) fn random_id() -> u64 {
         v = t ^ (u64::from(std::process::id()) << 32) ^ SEQ.fetch_add(1, Ordering::Relaxed);
     }
     v
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_directory_numbers_its_segments_from_zero_until_they_run_out() {
+        let fd = fs::open_dir(Path::new("/")).unwrap();
+        let fd = FileHandle::new(fd, Reaper::inline());
+        let d = ProcDir::new(PathBuf::from("/"), fd, 3, Arc::new(CleanupQueue::new(4)));
+        assert_eq!((d.next_segment(), d.next_segment()), (Some(0), Some(1)));
+        d.next_segment
+            .store(u64::from(u32::MAX) - 1, Ordering::Relaxed);
+        assert_eq!(d.next_segment(), Some(u32::MAX - 1));
+        assert_eq!(d.next_segment(), None, "u32::MAX is never a segment number");
+        assert_eq!(d.next_segment(), None);
+    }
 }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::store::dir::DirEntry;
 use crate::store::ledger::RetainedTicket;
 
 /// A name-only cleanup record, as it goes in and out of the queue (stored packed:
@@ -104,12 +103,13 @@ impl CleanupQueue {
         u32::try_from(self.epoch.elapsed().as_secs()).unwrap_or(u32::MAX)
     }
 
-    /// Hands a file whose delete failed to the worker; its ticket stays held.
-    pub(crate) fn retain_file(&self, dir: &DirEntry, seg: u32, ticket: RetainedTicket) {
+    /// Hands a file whose delete failed to the worker; its ticket stays held. `dir`: its
+    /// process directory's root index.
+    pub(crate) fn retain_file(&self, dir: usize, seg: u32, ticket: RetainedTicket) {
         // The capacity stays held; the record carries how much quota the ticket had.
         let pages = ticket.into_pages();
         self.push(Record {
-            dir: dir.index,
+            dir: dir as u32,
             seg,
             pages,
             since: self.now_secs(),

@@ -19,8 +19,9 @@ use parking_lot::Mutex;
 
 use crate::error::{Result, SpillError};
 use crate::metrics::Counters;
-use crate::store::dir::{self, ProcDir};
+use crate::store::proc::ProcDir;
 use crate::sys::errno;
+use crate::sys::fs;
 
 /// Health of one spill root.
 #[derive(Debug, Default)]
@@ -124,10 +125,10 @@ impl Roots {
 pub(crate) fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
     for pd in proc_dirs {
         let name = c".spillring-direct-probe";
-        match dir::create_file_at(pd.fd.as_fd(), name, true) {
+        match fs::open_segment_at(pd.fd.as_fd(), name, true, true) {
             Ok(fd) => {
                 drop(fd);
-                let _ = dir::unlink_at(pd.fd.as_fd(), name, false);
+                let _ = fs::unlinkat(pd.fd.as_fd(), name, false);
             }
             Err(e) if e.raw_os_error() == Some(errno::EINVAL) => {
                 return Err(SpillError::InvalidConfig {

@@ -10,15 +10,10 @@ use std::path::Path;
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, RenameFlags};
 use rustix::io::Errno;
 
-pub(crate) use rustix::fs::{CWD, Mode, OFlags};
+use rustix::fs::{CWD, Mode, OFlags};
 
 /// `openat(dir, name, flags | O_CLOEXEC, mode)`, retried while it fails with `EINTR`.
-pub(crate) fn openat(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    flags: OFlags,
-    mode: Mode,
-) -> io::Result<OwnedFd> {
+fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
     loop {
         match rustix::fs::openat(dir, name, flags | OFlags::CLOEXEC, mode) {
             Ok(fd) => return Ok(fd),
@@ -28,9 +23,53 @@ pub(crate) fn openat(
     }
 }
 
-/// `mkdirat(dir, name, mode)`.
-pub(crate) fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> io::Result<()> {
-    Ok(rustix::fs::mkdirat(dir, name, mode)?)
+/// Opens a directory, never through a symlink.
+pub(crate) fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    openat(dir, name, flags, Mode::empty())
+}
+
+/// Opens a directory by path.
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    openat(CWD, &c, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+}
+
+/// Creates a private (0700) directory.
+pub(crate) fn mkdir_private(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))?)
+}
+
+/// Opens a segment file for reading and writing, never through a symlink: `create` makes a
+/// new private (0600) file and fails if the name exists, otherwise the file must exist (a
+/// reopen, or a pooled file's next use). Readable too: in buffered mode the fd stays with the
+/// sealed segment for its reader.
+pub(crate) fn open_segment_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    create: bool,
+    direct: bool,
+) -> io::Result<OwnedFd> {
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW;
+    if create {
+        flags |= OFlags::CREATE | OFlags::EXCL;
+    }
+    if direct {
+        flags |= OFlags::DIRECT;
+    }
+    openat(dir, name, flags, Mode::from_raw_mode(0o600))
+}
+
+/// Opens an existing file for writing (`write`) or reading, never through a symlink.
+pub(crate) fn open_file_at(dir: BorrowedFd<'_>, name: &CStr, write: bool) -> io::Result<OwnedFd> {
+    let access = if write {
+        OFlags::WRONLY
+    } else {
+        OFlags::RDONLY
+    };
+    openat(dir, name, access | OFlags::NOFOLLOW, Mode::empty())
 }
 
 /// `unlinkat(dir, name, rmdir ? AT_REMOVEDIR : 0)`.
@@ -167,8 +206,8 @@ mod tests {
         let e = openat(d, c"missing", OFlags::RDONLY, Mode::empty()).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        mkdirat(d, c"sub", Mode::from_raw_mode(0o700)).unwrap();
-        let e = mkdirat(d, c"sub", Mode::from_raw_mode(0o700)).unwrap_err();
+        mkdir_private(d, c"sub").unwrap();
+        let e = mkdir_private(d, c"sub").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         let e = unlinkat(d, c"sub", false).unwrap_err();

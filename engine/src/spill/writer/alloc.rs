@@ -10,7 +10,7 @@ use super::hook::WriterShared;
 use crate::config::DIRECT_ALIGN;
 use crate::core::Core;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
-use crate::store::dir::{self};
+use crate::sys::fs;
 
 impl SpillWriter {
     /// What a new segment allocates at its creation: a writer's first segment starts small
@@ -60,9 +60,9 @@ pub(super) fn allocate_step(
     len: u64,
 ) -> io::Result<u64> {
     let done = if direct {
-        dir::allocate(fd, len)?
+        fs::fallocate(fd, false, len)?
     } else if preallocate {
-        dir::preallocate(fd, len)?
+        fs::fallocate(fd, true, len)?
     } else {
         false
     };
@@ -100,12 +100,12 @@ pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool)
         let name = SegmentFileName::new(seg);
         let r = match kept {
             // The writer's fd, kept with the file: no open.
-            Some(h) => dir::truncate(h.as_fd(), keep.min(allocated)),
+            Some(h) => fs::ftruncate(h.as_fd(), keep.min(allocated)),
             None => core
                 .io
                 .fds()
-                .open_with(|| dir::open_write_at(dir.as_fd(), name.as_cstr()))
-                .and_then(|fd| dir::truncate(fd.as_fd(), keep.min(allocated))),
+                .open_with(|| fs::open_file_at(dir.as_fd(), name.as_cstr(), true))
+                .and_then(|fd| fs::ftruncate(fd.as_fd(), keep.min(allocated))),
         };
         match r {
             Ok(()) => {

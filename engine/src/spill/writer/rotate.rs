@@ -11,17 +11,17 @@ use super::alloc::allocate_step;
 use super::sink::OpenSegment;
 use super::step::Step;
 use super::{Ctx, SpillWriter, Wait};
-use crate::cleanup::delete_segments;
+use crate::cleanup::{Unlinked, delete_segments};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::fault::{Injected, fault_point};
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf, SharedMap};
+use crate::io::{CachedFile, FdPermit, FileHandle, IoBuf, NameBuf, SharedMap};
 use crate::metrics::Counters;
-use crate::store::dir::{self, TaskDir};
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
-use crate::sys::errno;
+use crate::store::proc::ProcDir;
+use crate::sys::fs;
 
 /// A failed attempt to create a segment on one root.
 struct Failed {
@@ -43,7 +43,7 @@ impl From<SpillError> for Failed {
 /// with its ticket: what a file creation needs.
 struct Reserved {
     root: usize,
-    dir: Arc<TaskDir>,
+    dir: Arc<ProcDir>,
     seg: u32,
     ticket: Ticket,
 }
@@ -238,7 +238,7 @@ impl Ctx {
             // is of no use: one `fstat` tells, and the reopen by name below then fails, which
             // deletes the entry once (its name found absent). Only a kept fd carries the map on.
             if let Some(h) = e.kept_fd()
-                && crate::sys::fs::link_count(h.as_fd()).is_ok_and(|n| n > 0)
+                && fs::link_count(h.as_fd()).is_ok_and(|n| n > 0)
                 && let Some(file) = e.file.take()
             {
                 return Ok(SegFile::Kept(file, h, e.map.take()));
@@ -247,7 +247,7 @@ impl Ctx {
             let fds = core.io.fds();
             // Counted in the engine's bound: the permit comes first (waits at the bound).
             let permit = fds.permit();
-            fds.open_with(|| dir::reopen_segment_at(e.dir.as_fd(), name.as_cstr(), self.direct))
+            fds.open_with(|| fs::open_segment_at(e.dir.as_fd(), name.as_cstr(), false, self.direct))
                 .map(|fd| SegFile::Opened(fd, permit))
                 .map_err(|err| SpillError::io("reopen", e.path(), err))
         });
@@ -311,22 +311,14 @@ impl Ctx {
                         return Err(err);
                     };
                     Counters::add(&core.counters.pool_trims, 1);
-                    let name = e.dir.segment_rel(e.seg);
-                    match dir::unlink_at(e.dir.parent.fd.as_fd(), name.as_cstr(), false) {
-                        Ok(()) => {
-                            Counters::add(&core.counters.files_deleted, 1);
-                            drop(e.release());
-                        }
-                        Err(u) if u.raw_os_error() == Some(errno::ENOENT) => {
-                            Counters::add(&core.counters.files_already_absent, 1);
-                            drop(e.release());
-                        }
-                        Err(u) => {
-                            Counters::add(&core.counters.delete_failures, 1);
-                            tracing::warn!(path = %e.path().display(), error = %u,
-                                "deleting a pooled segment failed; handing it to the cleanup worker");
-                            e.retain(&core.store.cleanup);
-                        }
+                    let name = NameBuf::segment(e.seg);
+                    let res = fs::unlinkat(e.dir.as_fd(), name.as_cstr(), false);
+                    if Unlinked::of(&res).count(&core.counters) {
+                        drop(e.release());
+                    } else {
+                        tracing::warn!(path = %e.path().display(), error = ?res.err(),
+                            "deleting a pooled segment failed; handing it to the cleanup worker");
+                        e.retain(&core.store.cleanup);
                     }
                 }
                 Err(err) => return Err(err),
@@ -335,7 +327,7 @@ impl Ctx {
     }
 
     /// Picks a root and this task's directory in it; a device error marks the root failed.
-    fn segment_dir(&self) -> std::result::Result<(usize, Arc<TaskDir>), Failed> {
+    fn segment_dir(&self) -> std::result::Result<(usize, Arc<ProcDir>), Failed> {
         let root = self.core.store.roots.pick();
         match self.task.dir(root) {
             Ok(d) => Ok((root, d)),
@@ -353,7 +345,7 @@ impl Ctx {
 
     /// The early abort check, then a ticket for `reserve` bytes, the next segment number, and
     /// the directory's count of files coming (refused once the scope closed the directory).
-    fn reserve_segment(&self, root: usize, dir: Arc<TaskDir>, reserve: u64) -> Result<Reserved> {
+    fn reserve_segment(&self, root: usize, dir: Arc<ProcDir>, reserve: u64) -> Result<Reserved> {
         if self.shared.files.is_aborted() {
             return Err(SpillError::Aborted);
         }
@@ -380,11 +372,9 @@ impl Ctx {
         let created = match injected {
             Injected::Fail(e) => Err(io::Error::from_raw_os_error(e)),
             Injected::FailAfter(e) => return Err(self.create_failed_after(r, &name, e).into()),
-            _ => self
-                .core
-                .io
-                .fds()
-                .open_with(|| dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct)),
+            _ => self.core.io.fds().open_with(|| {
+                fs::open_segment_at(r.dir.as_fd(), name.as_cstr(), true, self.direct)
+            }),
         };
         match created {
             Ok(fd) => {
@@ -410,14 +400,14 @@ impl Ctx {
         // The create happened, but its outcome reads as an error: whether a file exists is
         // unknown to us. Keep the ticket and let the cleanup worker settle the name (deleted,
         // or found absent).
-        if let Ok(fd) = dir::create_file_at(r.dir.as_fd(), name.as_cstr(), self.direct) {
+        if let Ok(fd) = fs::open_segment_at(r.dir.as_fd(), name.as_cstr(), true, self.direct) {
             drop(fd);
         }
         Counters::add(&self.core.counters.segments_created, 1);
         self.core
             .store
             .cleanup
-            .retain_file(&r.dir, r.seg, r.ticket.retain());
+            .retain_file(r.dir.root, r.seg, r.ticket.retain());
         let e = io::Error::from_raw_os_error(e);
         SpillError::io("create", r.dir.path.join(name.as_str()), e)
     }
@@ -494,7 +484,7 @@ impl Ctx {
     /// Deletes a file this writer just created and nobody else knows of. Queued like every
     /// other delete (a direct-mode segment is already allocated, and freeing its blocks can
     /// take milliseconds): never on the caller's thread.
-    fn delete_now(&self, dir: &Arc<TaskDir>, seg: u32, ticket: Ticket, late: bool) {
+    fn delete_now(&self, dir: &Arc<ProcDir>, seg: u32, ticket: Ticket, late: bool) {
         if late {
             Counters::add(&self.core.counters.late_files_deleted, 1);
         }

@@ -177,7 +177,7 @@ impl SpillWriter {
             .map(SegmentEntry::path)
             .unwrap_or_default();
         if let Some(entry) = f.entries.get(entry_index as usize) {
-            self.ctx.core.root_failed(entry.dir.parent.root, &e);
+            self.ctx.core.root_failed(entry.dir.root, &e);
         }
         SpillError::io("write", path, e)
     }

@@ -35,8 +35,8 @@ use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Refused};
-use crate::store::dir;
 use crate::store::entry::SegmentEntry;
+use crate::sys::fs;
 
 /// A step of a write that may block (see the module docs). A value that lives for one call
 /// (or moves into an offload job, boxed there): boxing its op would allocate per submit.
@@ -265,7 +265,7 @@ impl Ctx {
         let name = SegmentFileName::new(num);
         let direct = self.direct;
         let opened =
-            fds.open_with(|| dir::reopen_segment_at(task_dir.as_fd(), name.as_cstr(), direct));
+            fds.open_with(|| fs::open_segment_at(task_dir.as_fd(), name.as_cstr(), false, direct));
         match opened {
             Ok(fd) => Ok((fd, permit)),
             // The cancel deleted it between the check above and the open.
