@@ -255,6 +255,8 @@ fn shutdown_with_a_short_budget_reports_what_is_left_and_the_next_open_sweeps_it
     assert!(!report.drained, "{report:?}");
     assert_eq!(report.cleanup_pending, 11, "{report:?}");
     assert_eq!(report.tickets_held, 11);
+    // Its files keep the process directory: shutdown could not remove it.
+    assert_eq!(report.directories_left, 1, "{report:?}");
     // Admission is closed, and the scope still open at shutdown was aborted.
     assert!(matches!(
         engine.task("late"),

@@ -265,6 +265,7 @@ fn shutdown_empties_the_pool(b: BackendKind) {
     let r = engine.shutdown(T);
     assert!(r.drained, "{r:?}");
     assert_eq!(r.tickets_held, 0, "{r:?}");
+    assert_eq!(r.directories_left, 0, "{r:?}");
     assert_eq!(segment_files(dir.path()), 0);
 }
 
