@@ -40,11 +40,11 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 #[cfg(loom)]
 use loom::thread::park;
 
-/// Looks at the queue before a consumer parks: `SPIN_STEPS` looks with doubling spins between
-/// them (1 + 2 + .. + 32 = 63 `spin_loop` hints, about a microsecond), and no `sched_yield`.
+/// Looks at the queue before a consumer parks: `SPIN_STEPS` with doubling spins, then yields.
 /// None under loom: the model checks the announce / re-check / park handshake, which the
-/// spin only delays.
-const SPIN_STEPS: u32 = if cfg!(loom) { 0 } else { 6 };
+/// snooze only delays.
+const SNOOZE_STEPS: u32 = if cfg!(loom) { 0 } else { 11 };
+const SPIN_STEPS: u32 = 7;
 
 /// Slots of an unbounded queue's array (past them, items go to its overflow channel).
 const UNBOUNDED_ARRAY: usize = 1024;
@@ -181,19 +181,21 @@ impl<T> Handoff<T> {
         let idle = &self.idle[me];
         idle.thread.set_current();
         loop {
-            // Look again briefly before announcing idle: items often come in bursts (a spill
-            // cycle hands the reaper a close and an unmap microseconds apart), and a consumer
-            // still looking needs no wake (every wake is a `FUTEX_WAKE` and an IPI on the
-            // pusher's thread). Spin only, about a microsecond: the former spin-then-yield
-            // (crossbeam's `recv` snooze, 127 spins and 4 `sched_yield`s) was about 20% of the
-            // samples of a 4 KiB spill cycle in `sched_yield`, CPU a 2-core host takes from the
-            // producer; a parked consumer costs nothing until the next push.
-            for step in 0..SPIN_STEPS {
+            // Look again for a while before announcing idle (spin, then yield, as crossbeam's
+            // blocking `recv` does): items often come in bursts (a spill cycle hands the
+            // reaper a close and an unmap microseconds apart), and a consumer still looking
+            // needs no wake. Every wake is a `FUTEX_WAKE` and an IPI on the pusher's thread:
+            // 19% of the caller's samples in a 4 KiB spill cycle when consumers parked at once.
+            for step in 0..SNOOZE_STEPS {
                 if let Some(v) = self.steal() {
                     return Some(v);
                 }
-                for _ in 0..1u32 << step {
-                    std::hint::spin_loop();
+                if step < SPIN_STEPS {
+                    for _ in 0..1u32 << step {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::yield_now();
                 }
             }
             if let Some(v) = self.steal() {
