@@ -25,4 +25,5 @@ prof() { # NAME BENCH WHAT
 prof direct-1MiB throughput engine-direct-1MiB
 prof direct-64KiB throughput engine-direct-64KiB
 prof cycle-4KiB hot_path engine-4KiB
+prof cycle-4KiB-pool-off hot_path engine-pool-off-4KiB
 echo "perf data in $out"
