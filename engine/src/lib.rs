@@ -115,7 +115,7 @@
 //! the repository draws it): leaves (`error`, `config`, `metrics`, `fault`, `sync`), `format`
 //! (the on-disk bytes), `sys` (every syscall outside io_uring, as safe functions on rustix),
 //! `io` (lanes, staging buffers, the reaper, the psync and io_uring backends), `store` (the
-//! ticket ledger, roots, directories, the cleanup queue), `core` (what the threads share),
+//! ticket ledger, roots, directories, the cleanup queue), `shared` (what the threads share),
 //! `cleanup` (the delete path, the retry worker, the crash sweep), `spill` ([`TaskSpill`],
 //! [`SpillWriter`], [`SpilledState`], [`SpillReader`], and [`SegmentReader`] for a file
 //! [`SpilledState::publish`] handed to the caller) and `engine` ([`Engine`]).
@@ -148,7 +148,7 @@ mod sys;
 mod io;
 mod store;
 
-mod core;
+mod shared;
 
 mod cleanup;
 mod spill;

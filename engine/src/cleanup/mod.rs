@@ -23,11 +23,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::core::Core;
 use crate::fault::FaultPoint;
 use crate::format::segment::SegmentFileName;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 use crate::store::entry::SegmentEntry;
 use crate::sys::errno;
 
@@ -45,7 +45,7 @@ pub struct CleanupReport {
 }
 
 /// What the cleanup worker still holds, with up to five of the oldest paths.
-pub(crate) fn report(core: &Core) -> CleanupReport {
+pub(crate) fn report(core: &EngineShared) -> CleanupReport {
     let queue = &core.store.cleanup;
     let (mut oldest, sweeps_pending) = queue.queued();
     oldest.sort_by_key(|r| r.since);
@@ -67,7 +67,7 @@ pub(crate) fn report(core: &Core) -> CleanupReport {
 
 /// Queues the deletes of `entries` on an I/O thread and returns at once. Confirmed (or absent)
 /// names release their tickets; the others go to the cleanup worker with their tickets.
-pub(crate) fn delete_segments(core: &Arc<Core>, lane: usize, entries: Vec<SegmentEntry>) {
+pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Vec<SegmentEntry>) {
     if entries.is_empty() {
         return;
     }
@@ -110,7 +110,7 @@ fn seg_name(seg: u32) -> NameBuf {
 
 /// A batch of segment deletes in flight on the normal path.
 struct DeleteBatch {
-    core: Arc<Core>,
+    core: Arc<EngineShared>,
     /// Its number in `Store::delete_marks`, ended when its last file has an outcome.
     mark: u64,
     /// Files without an outcome yet.
@@ -154,7 +154,7 @@ impl OpSink for DeleteBatch {
 }
 
 /// The mark of every delete queued so far (see `store/marks.rs`), for [`wait_freed`].
-pub(crate) fn delete_mark(core: &Core) -> u64 {
+pub(crate) fn delete_mark(core: &EngineShared) -> u64 {
     core.store.delete_marks.mark()
 }
 
@@ -166,7 +166,7 @@ pub(crate) const FREED_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// queued before `mark` has an outcome and the reaper closed what those files held (the last
 /// close of a deleted file frees its blocks): the space of the files deleted is back. True if
 /// it is. The caller first waits for its own writes in flight, which hold their files too.
-pub(crate) fn wait_freed(core: &Core, mark: u64, deadline: std::time::Instant) -> bool {
+pub(crate) fn wait_freed(core: &EngineShared, mark: u64, deadline: std::time::Instant) -> bool {
     core.store.delete_marks.wait_reached(mark, deadline) && core.io.reaper().flush_until(deadline)
 }
 
@@ -177,7 +177,7 @@ const MAX_KEPT_LIST: usize = 4;
 /// live mapping points into (`mapped(i)`: a `Bytes` a caller holds must never change), and
 /// queues the deletes of the rest. Never waits.
 pub(crate) fn recycle(
-    core: &Arc<Core>,
+    core: &Arc<EngineShared>,
     lane: usize,
     mut entries: Vec<SegmentEntry>,
     mapped: impl Fn(usize) -> bool,
@@ -207,18 +207,18 @@ pub(crate) fn recycle(
 
 /// Deletes every pooled file (`Engine::trim_pool`; at shutdown, `close_pool`); returns how
 /// many.
-pub(crate) fn trim_pool(core: &Arc<Core>) -> usize {
+pub(crate) fn trim_pool(core: &Arc<EngineShared>) -> usize {
     let all = core.store.pool.drain();
     delete_pooled(core, all)
 }
 
 /// Deletes every pooled file and closes the pool: the shutdown's part.
-pub(crate) fn close_pool(core: &Arc<Core>) -> usize {
+pub(crate) fn close_pool(core: &Arc<EngineShared>) -> usize {
     let all = core.store.pool.close();
     delete_pooled(core, all)
 }
 
-fn delete_pooled(core: &Arc<Core>, all: Vec<SegmentEntry>) -> usize {
+fn delete_pooled(core: &Arc<EngineShared>, all: Vec<SegmentEntry>) -> usize {
     let n = all.len();
     Counters::add(&core.counters.pool_trims, n as u64);
     delete_segments(core, 0, all);

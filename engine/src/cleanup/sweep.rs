@@ -6,15 +6,15 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::core::Core;
 use crate::fault::fault_point;
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 
 /// Claims the directories of dead engines under each of this engine's roots and queues their
 /// trees for [`delete_tree`]. Runs once the open can no longer fail, and then every
 /// `orphan_rescan` on the worker's thread (an engine may die, or be dropped with deletes left,
 /// while this one runs).
-pub(crate) fn claim_dead_engines(core: &Core) {
+pub(crate) fn claim_dead_engines(core: &EngineShared) {
     for pd in core.store.roots.proc_dirs() {
         if let Some(root) = pd.path.parent() {
             for p in crate::store::proc::claim_dead(root, pd) {
@@ -27,7 +27,7 @@ pub(crate) fn claim_dead_engines(core: &Core) {
 /// Deletes a claimed tree (on the cleanup worker's thread). Counts what it removed; whatever
 /// it cannot remove is retried later, and if the engine stops first, the next open sweeps it
 /// again (it sits inside this engine's process directory).
-pub(crate) fn delete_tree(core: &Arc<Core>, path: &Path) {
+pub(crate) fn delete_tree(core: &Arc<EngineShared>, path: &Path) {
     let mut files = 0u64;
     let mut dirs = 0u64;
     let stop = || core.store.cleanup.stopping();

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Unlinked;
-use crate::core::Core;
 use crate::fault::FaultPoint;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 use crate::store::ledger::RetainedTicket;
 use crate::store::queue::{Record, Work};
 use crate::sync;
@@ -68,7 +68,7 @@ impl OpSink for WorkerBatch {
 }
 
 /// The cleanup worker: runs until [`CleanupQueue::stop`](crate::store::queue::CleanupQueue::stop).
-pub(crate) fn worker_loop(core: Arc<Core>) {
+pub(crate) fn worker_loop(core: Arc<EngineShared>) {
     let cl = &core.store.cleanup;
     let mut rng = core.id | 1;
     let take = || {
@@ -106,7 +106,7 @@ pub(crate) fn worker_loop(core: Arc<Core>) {
 const INLINE_BATCH: usize = 64;
 
 /// Deletes one batch of records; returns the ones that failed (whole, in order).
-fn run_batch(core: &Arc<Core>, batch: Vec<Record>) -> Vec<Record> {
+fn run_batch(core: &Arc<EngineShared>, batch: Vec<Record>) -> Vec<Record> {
     let n = batch.len();
     let started = std::time::Instant::now();
     let sink = Arc::new(WorkerBatch::new(n));

@@ -14,10 +14,10 @@ use parking_lot::Mutex;
 
 use crate::cleanup::CleanupReport;
 use crate::config::Backend;
-use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::io::ReaperThread;
 use crate::metrics::{Metrics, RootUsage, Sampled};
+use crate::shared::EngineShared;
 use crate::spill::task::{TaskShared, TaskSpill};
 use crate::store::entry::EntryView;
 
@@ -27,7 +27,7 @@ use shutdown::wait_until;
 /// The engine behind [`Engine`] handles; shut down when the last handle (engine, task,
 /// writer, state or reader) is gone.
 pub(crate) struct EngineInner {
-    pub(crate) core: Arc<Core>,
+    pub(crate) core: Arc<EngineShared>,
     task_seq: AtomicU64,
     tasks: Mutex<Vec<Weak<TaskShared>>>,
     cleanup_thread: Mutex<Option<JoinHandle<()>>>,
@@ -326,7 +326,7 @@ impl OwnedFile {
 }
 
 /// A snapshot of the metrics: the counters, and what the engine's parts hold now.
-fn metrics(core: &Core) -> Metrics {
+fn metrics(core: &EngineShared) -> Metrics {
     let pool = core.store.pool.level();
     let c = &core.counters;
     let ledger = &core.store.ledger;

@@ -9,10 +9,10 @@ use std::sync::{Arc, Once};
 use parking_lot::Mutex;
 
 use crate::config::{BackendKind, EngineConfig, WriteMode};
-use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::io::{BufferPool, IoHandle, IoSetup, Reaper};
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 use crate::store::Store;
 use crate::store::ledger::Ledger;
 use crate::store::pool::SegmentPool;
@@ -55,7 +55,7 @@ impl Engine {
         cfg.check()?;
         let key = if cfg.encryption {
             Some(
-                crate::core::make_key()
+                crate::shared::make_key()
                     .map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?,
             )
         } else {
@@ -102,7 +102,7 @@ impl Engine {
             cleanup,
             SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
         );
-        let core = Arc::new(Core::new(cfg, id, io, store, key));
+        let core = Arc::new(EngineShared::new(cfg, id, io, store, key));
         Counters::add(&core.counters.roots_unusable, unusable);
         let worker_core = core.clone();
         let cleanup_thread = std::thread::Builder::new()

@@ -114,7 +114,7 @@ const REAPER_GRACE: Duration = Duration::from_millis(20);
 /// No offload job running and no delete work outstanding: what `shutdown` and
 /// `Engine::settle` wait for. The jobs are read first (a job queues its deletes before it
 /// counts itself ended).
-pub(super) fn no_delete_work_left(core: &crate::core::Core) -> bool {
+pub(super) fn no_delete_work_left(core: &crate::shared::EngineShared) -> bool {
     core.io.offload().busy() == 0 && core.store.cleanup.outstanding() == 0
 }
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::cleanup::{delete_segments, recycle};
-use crate::core::Core;
 use crate::error::{Result, SpillError};
+use crate::shared::EngineShared;
 use crate::spill::task::{Member, TaskShared};
 use crate::store::entry::SegmentEntry;
 use crate::store::proc::ProcDir;
@@ -192,7 +192,7 @@ pub(crate) struct SegmentAt {
 
 /// What a state's handles share: its files under their [`Grants`], and where to hand them back.
 pub(crate) struct StateInner {
-    core: Arc<Core>,
+    core: Arc<EngineShared>,
     /// The scope the state is registered with (its backstop), and its id there. Changed only
     /// by [`StateInner::move_to`]; the lock orders a move against an unregistration. `None`
     /// only while the shell is kept for reuse (see [`StateInner::shelve`]), when no handle
@@ -228,7 +228,7 @@ impl std::fmt::Debug for StateInner {
 }
 
 impl StateInner {
-    pub(crate) fn core(&self) -> &Arc<Core> {
+    pub(crate) fn core(&self) -> &Arc<EngineShared> {
         &self.core
     }
 
@@ -402,7 +402,7 @@ impl StateInner {
         let scope = s.scope.get_mut().take();
         // The span ends with the state, not when the shell is reused.
         s.span = tracing::Span::none();
-        let shell: crate::core::Shell = this.clone();
+        let shell: crate::shared::Shell = this.clone();
         // A full or closed shelf gives the clone back; it drops here.
         let _ = this.core.state_shells.put(shell);
         drop(scope);

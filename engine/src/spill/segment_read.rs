@@ -52,7 +52,7 @@ pub(super) enum ReadSmall {
 /// (`core.read_bufs`), which comes back when the last record pointing into it goes; a short
 /// read is a truncated file (no fstat).
 pub(super) fn read_small(
-    core: &crate::core::Core,
+    core: &crate::shared::EngineShared,
     file: BorrowedFd<'_>,
     end: usize,
 ) -> std::result::Result<Bytes, ReadSmall> {

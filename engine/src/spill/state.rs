@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::cleanup::delete_segments;
-use crate::core::Core;
 use crate::error::{Result, SpillError, errno};
 use crate::fault::{FaultPlan, Injected, fault_point};
 use crate::format::segment::SegmentFileName;
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 use crate::spill::grant::{Grant, StateInner};
 use crate::spill::reader::SpillReader;
 use crate::spill::task::{Member, TaskShared};
@@ -368,7 +368,7 @@ struct Plan<'a> {
     dest_fd: BorrowedFd<'a>,
     targets: &'a [Target],
     task_plan: Option<&'a Arc<FaultPlan>>,
-    core: &'a Arc<Core>,
+    core: &'a Arc<EngineShared>,
 }
 
 impl Plan<'_> {
@@ -495,7 +495,7 @@ fn prepare_file(e: &SegmentEntry, len: u64, mode: u32) -> io::Result<()> {
 
 /// Releases the tickets of files moved to the caller; returns their new paths.
 fn forget_published(
-    core: &Arc<Core>,
+    core: &Arc<EngineShared>,
     targets: &[Target],
     entries: Vec<SegmentEntry>,
 ) -> Vec<PathBuf> {

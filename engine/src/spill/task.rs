@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::core::{Core, EngineGuard};
 use crate::error::{Result, SpillError};
 use crate::fault::FaultPlan;
+use crate::shared::{EngineGuard, EngineShared};
 use crate::spill::writer::SpillWriter;
 use crate::store::entry::EntryView;
 use crate::store::proc::ProcDir;
@@ -170,7 +170,7 @@ pub(crate) struct TaskShared {
     pub(crate) id: TaskId,
     /// Live [`TaskSpill`] handles: the last one to go closes the scope.
     handles: AtomicUsize,
-    core: Arc<Core>,
+    core: Arc<EngineShared>,
     /// Keeps the engine's threads alive while the scope lives.
     _engine: EngineGuard,
     registry: Mutex<Registry>,
@@ -192,7 +192,7 @@ impl std::fmt::Debug for TaskShared {
 }
 
 impl TaskShared {
-    pub(crate) fn core(&self) -> &Arc<Core> {
+    pub(crate) fn core(&self) -> &Arc<EngineShared> {
         &self.core
     }
 
@@ -381,7 +381,7 @@ impl std::fmt::Debug for TaskSpill {
 }
 
 impl TaskSpill {
-    pub(crate) fn new(core: Arc<Core>, engine: EngineGuard, id: &str, seq: u64) -> Self {
+    pub(crate) fn new(core: Arc<EngineShared>, engine: EngineGuard, id: &str, seq: u64) -> Self {
         let shared = Arc::new(TaskShared {
             id: TaskId::new(id),
             handles: AtomicUsize::new(1),

@@ -8,8 +8,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use super::SpillWriter;
 use super::hook::WriterShared;
 use crate::config::DIRECT_ALIGN;
-use crate::core::Core;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
+use crate::shared::EngineShared;
 use crate::sys::fs;
 
 impl SpillWriter {
@@ -79,7 +79,7 @@ pub(super) fn trimmed_len(len: u64) -> u64 {
 /// then shrinks each ticket to the written length. Runs after every write of the writer completed, so it never waits for
 /// one, and outside the file-list lock, so a cancel never waits for it. A segment whose
 /// trim fails keeps its whole ticket: the quota still counts what is allocated.
-pub(super) fn trim_allocations(core: &Core, shared: &WriterShared, direct: bool) {
+pub(super) fn trim_allocations(core: &EngineShared, shared: &WriterShared, direct: bool) {
     if !needs_trim(shared) {
         return;
     }

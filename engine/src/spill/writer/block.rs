@@ -13,11 +13,11 @@ use bytes::Bytes;
 
 use super::codec::CodecState;
 use crate::config::{Compression, DIRECT_ALIGN};
-use crate::core::Core;
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockSeal, Codec, LARGE_PREFIX_LEN};
 use crate::format::segment::FRAME_LEN;
 use crate::io::{IoBuf, OpenBlock};
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 
 /// The least part of a record that a staging buffer copies on its I/O thread rather than the
 /// caller's (`IoBuf::push_deferred`); smaller parts are copied at once.
@@ -100,7 +100,7 @@ impl Blocks {
     /// next buffer: no tail of the buffer is lost (nor padded in direct mode). Not when
     /// encrypting: a block of its own would be encrypted through an owned copy of the record
     /// (an allocation per buffer); the buffer is written instead, like a compressed block's.
-    pub(super) fn push_record(&mut self, core: &Core, at: At, rec: &[u8]) -> Fit {
+    pub(super) fn push_record(&mut self, core: &EngineShared, at: At, rec: &[u8]) -> Fit {
         let raw = matches!(self.codec.mode, Compression::None) && core.key.is_none();
         let Some(buf) = self.staging.as_mut() else {
             return Fit::NoBuffer;
@@ -217,7 +217,7 @@ impl Blocks {
     /// it to `DIRECT_ALIGN` when `pad`. Nothing to seal with no open block. The bytes before
     /// the block (and any deferred copy among them, which the I/O thread makes) stay where
     /// they are.
-    pub(super) fn seal(&mut self, core: &Core, at: At, pad: bool) {
+    pub(super) fn seal(&mut self, core: &EngineShared, at: At, pad: bool) {
         let Blocks { staging, codec } = self;
         let Some(buf) = staging.as_mut() else {
             return;
@@ -274,7 +274,13 @@ impl Blocks {
 
 /// Counts a sealed block: its codec, logical (header + raw) and physical (header + stored)
 /// bytes, and the nanoseconds spent compressing it.
-pub(super) fn count_block(core: &Core, codec: Codec, logical: u64, physical: u64, nanos: u64) {
+pub(super) fn count_block(
+    core: &EngineShared,
+    codec: Codec,
+    logical: u64,
+    physical: u64,
+    nanos: u64,
+) {
     let c = &core.counters;
     Counters::add(&c.logical_bytes_written, logical);
     Counters::add(&c.physical_bytes_written, physical);
@@ -327,7 +333,7 @@ pub(super) fn large_prefix_unsealed(
 /// the nanoseconds spent encrypting.
 #[allow(clippy::too_many_arguments)]
 fn seal_in_place(
-    core: &Core,
+    core: &EngineShared,
     bind: Binding,
     offset: u64,
     codec: Codec,
@@ -356,7 +362,7 @@ fn seal_in_place(
 /// Block header + the first `FRAME_LEN` ciphertext bytes, and the rest of the ciphertext, of a
 /// record that is an encrypted raw block of its own at `offset` (no padding).
 pub(super) fn large_encrypted(
-    core: &Core,
+    core: &EngineShared,
     bind: Binding,
     offset: u64,
     rec: &[u8],
@@ -374,7 +380,7 @@ pub(super) fn large_encrypted(
 
 /// How full the quota is: bytes the ledger holds over `max_spill_bytes`, 0 without one (with
 /// the open segment's root's fill, `Auto`'s space pressure: `codec.rs`).
-fn quota_fill(core: &Core) -> f64 {
+fn quota_fill(core: &EngineShared) -> f64 {
     let ledger = &core.store.ledger;
     ledger
         .max_bytes()

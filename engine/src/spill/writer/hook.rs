@@ -15,8 +15,8 @@ use std::task::Waker;
 use parking_lot::{Condvar, Mutex};
 
 use crate::cleanup::delete_segments;
-use crate::core::Core;
 use crate::io::{OpSink, OpSlot};
+use crate::shared::EngineShared;
 use crate::spill::task::Member;
 use crate::store::entry::SegmentEntry;
 use crate::sync;
@@ -147,7 +147,7 @@ impl<T> AbortableFiles<T> {
 
 /// The writer's abort hook and file list.
 pub(super) struct WriterShared {
-    core: Arc<Core>,
+    core: Arc<EngineShared>,
     lane: usize,
     pub(super) files: AbortableFiles<SegmentEntry>,
     /// The writes in flight. The ops' completion sink: an I/O thread holds it (not the whole
@@ -167,7 +167,7 @@ impl WriterShared {
     /// A writer's shared part on `lane`: a recycled one (from `core.writer_shells`) if there
     /// is one, else a new one; its file list has room for one segment when a recycled list
     /// (`core.entry_lists`) is there.
-    pub(super) fn make(core: &Arc<Core>, lane: usize) -> Arc<Self> {
+    pub(super) fn make(core: &Arc<EngineShared>, lane: usize) -> Arc<Self> {
         if let Some(shell) = core.writer_shells.take()
             && let Ok(mut shared) = shell.downcast::<WriterShared>()
             && let Some(w) = Arc::get_mut(&mut shared)
@@ -184,7 +184,12 @@ impl WriterShared {
         ))
     }
 
-    fn fresh(core: Arc<Core>, lane: usize, tracker: Arc<Tracker>, claim: Arc<OpSlot>) -> Self {
+    fn fresh(
+        core: Arc<EngineShared>,
+        lane: usize,
+        tracker: Arc<Tracker>,
+        claim: Arc<OpSlot>,
+    ) -> Self {
         let list = core.entry_lists.take().unwrap_or_default();
         WriterShared {
             core,
@@ -227,7 +232,7 @@ impl WriterShared {
         // queued runs it; the next writer's claims go past a full slot.
         let claim = w.claim.clone();
         *w = WriterShared::fresh(core, w.lane, tracker, claim);
-        let shell: crate::core::Shell = this.clone();
+        let shell: crate::shared::Shell = this.clone();
         // A full or closed shelf gives the clone back; it drops here.
         let _ = this.core.writer_shells.put(shell);
     }

@@ -28,11 +28,11 @@ use bytes::Bytes;
 
 use crate::cleanup::delete_segments;
 use crate::config::WriteMode;
-use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
 use crate::format::segment::MAX_RECORD;
 use crate::metrics::Counters;
+use crate::shared::EngineShared;
 use crate::spill::budget::Budget;
 use crate::spill::state::SpilledState;
 use crate::spill::task::TaskShared;
@@ -134,7 +134,7 @@ pub struct SpillWriter {
 /// running on the offload pool needs of it (shared handles only: cloned into the step).
 #[derive(Clone)]
 struct Ctx {
-    core: Arc<Core>,
+    core: Arc<EngineShared>,
     task: Arc<TaskShared>,
     shared: Arc<WriterShared>,
     /// The writer's id in its scope's registry.
@@ -529,7 +529,7 @@ impl SpillWriter {
 /// After a `StorageFull` failure: waits (up to `FREED_WAIT`) until the writer's writes still
 /// in flight ended (each holds its segment's fd), then until its deletes queued before `mark`
 /// are done and the reaper closed their fds. True if the space is back.
-fn space_back(core: &Core, tracker: &Tracker, mark: u64) -> bool {
+fn space_back(core: &EngineShared, tracker: &Tracker, mark: u64) -> bool {
     let deadline = Instant::now() + crate::cleanup::FREED_WAIT;
     tracker.wait_idle(deadline) && crate::cleanup::wait_freed(core, mark, deadline)
 }

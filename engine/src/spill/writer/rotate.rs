@@ -191,7 +191,7 @@ impl Ctx {
         })
     }
 
-    /// One attempt, on the root `Core::pick_root` gives: the directory, the ticket and segment
+    /// One attempt, on the root `EngineShared::pick_root` gives: the directory, the ticket and segment
     /// number, the file, its allocation.
     fn create_segment(&self, reserve: u64, step: u64) -> std::result::Result<Created, Failed> {
         let (root, dir) = self.segment_dir()?;

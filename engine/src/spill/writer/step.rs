@@ -30,11 +30,11 @@ use super::alloc::{allocate_step, trim_allocations};
 use super::rotate::Opened;
 use super::sink::buffer_error;
 use super::{Life, SpillWriter, Wait};
-use crate::core::Core;
 use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Refused};
+use crate::shared::EngineShared;
 use crate::store::entry::SegmentEntry;
 use crate::sys::fs;
 
@@ -63,7 +63,7 @@ pub(super) enum Step {
         entry: usize,
     },
     Submit {
-        core: Arc<Core>,
+        core: Arc<EngineShared>,
         lane: usize,
         op: Op,
     },

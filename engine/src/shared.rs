@@ -69,7 +69,7 @@ impl<T> Shelf<T> {
 }
 
 /// What the engine's threads and handles share.
-pub(crate) struct Core {
+pub(crate) struct EngineShared {
     pub(crate) cfg: EngineConfig,
     /// This engine's id (in its directory names and segment headers).
     pub(crate) id: u64,
@@ -92,16 +92,16 @@ pub(crate) struct Core {
     shut: AtomicBool,
 }
 
-impl std::fmt::Debug for Core {
+impl std::fmt::Debug for EngineShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Core")
+        f.debug_struct("EngineShared")
             .field("id", &format_args!("{:016x}", self.id))
             .field("backend", &self.io.kind())
             .finish()
     }
 }
 
-impl Core {
+impl EngineShared {
     pub(crate) fn new(
         cfg: EngineConfig,
         id: u64,
@@ -109,7 +109,7 @@ impl Core {
         store: Store,
         key: Option<BlockKey>,
     ) -> Self {
-        Core {
+        EngineShared {
             key,
             fault: cfg.fault_plan.clone(),
             read_bufs: ReadBufs::new(cfg.read_buffer_max),
