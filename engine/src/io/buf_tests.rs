@@ -23,7 +23,7 @@ fn a_return_never_grows_the_free_list() {
 /// registered slots): the first return makes room for as many buffers of each size as the
 /// budget can hold (up to the retain bound), so a burst of returns (more writes in flight
 /// than ever before, as on a loaded machine) never grows a list on an I/O thread. Before, the
-/// lists grew by doubling, and `alloc.rs psync::a_write_in_steady_state_allocates_nothing`
+/// lists grew by doubling, and `cycle_allocs.rs psync::a_write_in_steady_state_allocates_nothing`
 /// counted their reallocations (64 -> 128, 128 -> 256 bytes on `spillring-psync`) when a
 /// stall put more buffers in flight during its count than during its warm-up.
 #[test]
