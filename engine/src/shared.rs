@@ -82,7 +82,7 @@ pub(crate) struct EngineShared {
     pub(crate) read_bufs: Arc<ReadBufs>,
     /// Recycled writer shells (`spill/writer/hook.rs` `WriterShared`).
     pub(crate) writer_shells: Shelf<Shell>,
-    /// Recycled state shells (`spill/grant.rs` `StateInner`).
+    /// Recycled state shells (`spill/grant.rs` `StateShared`).
     pub(crate) state_shells: Shelf<Shell>,
     /// Empty file lists with room for a segment, for the next writer.
     pub(crate) entry_lists: Shelf<Vec<SegmentEntry>>,

@@ -178,7 +178,7 @@ impl Drop for IoBuf {
 
 /// Why [`BufferPool::try_get`] gave no buffer.
 #[derive(Debug)]
-pub(crate) enum Short {
+pub(crate) enum NoBuffer {
     /// The budget is full but a buffer is in flight: it comes back when its write completes
     /// ([`BufferPool::wait_returned`] / [`BufferPool::register_waker`]). `epoch` is the count
     /// of returns seen before the attempt.
@@ -201,7 +201,7 @@ pub(crate) enum Refused {
 /// What [`BufferPool::try_take`] found. A value that lives for one call: boxing the buffer
 /// would allocate on every take of a free buffer, the hot path's.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Take {
+pub(crate) enum Taken {
     /// A free buffer.
     Free(IoBuf),
     /// Room in the budget for a buffer still to map.
@@ -369,10 +369,10 @@ impl BufferPool {
 
     /// A buffer, empty, of the full size if the budget allows (see the module docs), never
     /// smaller than `at_least` if that is possible at all. Maps a new one when none is free.
-    pub(crate) fn try_get(self: &Arc<Self>, at_least: usize) -> Result<IoBuf, Short> {
+    pub(crate) fn try_get(self: &Arc<Self>, at_least: usize) -> Result<IoBuf, NoBuffer> {
         match self.try_take(at_least)? {
-            Take::Free(b) => Ok(b),
-            Take::Map(m) => m.map(false).map_err(Short::Io),
+            Taken::Free(b) => Ok(b),
+            Taken::Map(m) => m.map(false).map_err(NoBuffer::Io),
         }
     }
 
@@ -381,7 +381,7 @@ impl BufferPool {
     /// may block: an async writer maps it on the offload pool, never in its poll (an `mmap`
     /// or `munmap` takes the process's mmap lock for writing, which waits for every other
     /// thread's page fault and map; the first touch of fresh pages waits for the same lock).
-    pub(crate) fn try_take(self: &Arc<Self>, at_least: usize) -> Result<Take, Short> {
+    pub(crate) fn try_take(self: &Arc<Self>, at_least: usize) -> Result<Taken, NoBuffer> {
         self.take_locked(self.free.lock(), at_least)
     }
 
@@ -389,7 +389,10 @@ impl BufferPool {
     /// is held (a write's buffer coming back on an I/O thread), where `try_take` would wait
     /// for it, and park the thread if its holder was preempted. The caller wakes its task to
     /// look again.
-    pub(crate) fn try_take_now(self: &Arc<Self>, at_least: usize) -> Option<Result<Take, Short>> {
+    pub(crate) fn try_take_now(
+        self: &Arc<Self>,
+        at_least: usize,
+    ) -> Option<Result<Taken, NoBuffer>> {
         let free = self.free.try_lock()?;
         Some(self.take_locked(free, at_least))
     }
@@ -398,7 +401,7 @@ impl BufferPool {
         self: &Arc<Self>,
         mut free: parking_lot::MutexGuard<'_, Free>,
         at_least: usize,
-    ) -> Result<Take, Short> {
+    ) -> Result<Taken, NoBuffer> {
         let epoch = free.returns;
         if free.plain.is_empty() {
             free.plain = self.plain_lists();
@@ -420,10 +423,10 @@ impl BufferPool {
         if want == top
             && let Some((map, slot)) = free.slotted.pop()
         {
-            return Ok(Take::Free(self.wrap(map, Some(slot))));
+            return Ok(Taken::Free(self.wrap(map, Some(slot))));
         }
         if let Some(map) = free.plain[want].pop() {
-            return Ok(Take::Free(self.wrap(map, None)));
+            return Ok(Taken::Free(self.wrap(map, None)));
         }
         // Map one of the size asked or smaller (not below `floor`), making room by unmapping
         // free buffers.
@@ -431,7 +434,7 @@ impl BufferPool {
         for k in (floor..=want).rev() {
             let len = self.class_size(k);
             if self.make_room(&mut free, len, &mut victims) {
-                return Ok(Take::Map(Mapping {
+                return Ok(Taken::Map(Mapping {
                     pool: self.clone(),
                     len,
                     full: k == top,
@@ -454,19 +457,19 @@ impl BufferPool {
         free: &mut Free,
         floor: usize,
         epoch: u64,
-    ) -> Result<Take, Short> {
+    ) -> Result<Taken, NoBuffer> {
         if let Some((map, slot)) = free.slotted.pop() {
-            return Ok(Take::Free(self.wrap(map, Some(slot))));
+            return Ok(Taken::Free(self.wrap(map, Some(slot))));
         }
         for k in floor..self.classes() {
             if let Some(map) = free.plain[k].pop() {
-                return Ok(Take::Free(self.wrap(map, None)));
+                return Ok(Taken::Free(self.wrap(map, None)));
             }
         }
         if self.in_flight.load(Ordering::Relaxed) > 0 {
-            Err(Short::Wait { epoch })
+            Err(NoBuffer::Wait { epoch })
         } else {
-            Err(Short::Exhausted {
+            Err(NoBuffer::Exhausted {
                 budget: self.budget,
                 held: self.out.load(Ordering::Relaxed),
             })
@@ -536,13 +539,13 @@ impl BufferPool {
     ) -> Result<IoBuf, Refused> {
         loop {
             match self.try_take(at_least) {
-                Err(Short::Wait { epoch }) => self.wait_returned(epoch),
-                Ok(Take::Free(b)) => return Ok(b),
-                Ok(Take::Map(m)) => return m.map(populate).map_err(Refused::Io),
-                Err(Short::Exhausted { budget, held }) => {
+                Err(NoBuffer::Wait { epoch }) => self.wait_returned(epoch),
+                Ok(Taken::Free(b)) => return Ok(b),
+                Ok(Taken::Map(m)) => return m.map(populate).map_err(Refused::Io),
+                Err(NoBuffer::Exhausted { budget, held }) => {
                     return Err(Refused::Exhausted { budget, held });
                 }
-                Err(Short::Io(e)) => return Err(Refused::Io(e)),
+                Err(NoBuffer::Io(e)) => return Err(Refused::Io(e)),
             }
         }
     }

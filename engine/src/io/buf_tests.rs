@@ -74,7 +74,7 @@ fn buffers_shrink_as_the_budget_fills_and_never_pass_it() {
     loop {
         match p.try_get(0) {
             Ok(b) => held.push(b),
-            Err(Short::Exhausted { budget, held: h }) => {
+            Err(NoBuffer::Exhausted { budget, held: h }) => {
                 assert_eq!(budget, 4 << 20);
                 assert_eq!(h, 4 << 20);
                 break;
@@ -89,7 +89,7 @@ fn buffers_shrink_as_the_budget_fills_and_never_pass_it() {
     // A buffer in flight turns "exhausted" into "wait", and its return ends the wait.
     let mut b = held.pop().unwrap();
     b.mark_in_flight();
-    let Err(Short::Wait { epoch }) = p.try_get(0) else {
+    let Err(NoBuffer::Wait { epoch }) = p.try_get(0) else {
         panic!("expected a wait")
     };
     drop(b);

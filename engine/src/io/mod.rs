@@ -23,7 +23,7 @@ mod readbuf;
 mod reaper;
 pub(crate) mod uring;
 
-pub(crate) use buf::{BufferPool, IoBuf, Mapping, OpenBlock, Refused, Short, Take};
+pub(crate) use buf::{BufferPool, IoBuf, Mapping, NoBuffer, OpenBlock, Refused, Taken};
 pub(crate) use decode::DECODE_POOL;
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;

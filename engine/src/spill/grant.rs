@@ -1,6 +1,6 @@
 //! The grants on a finished spill's files: the protocol ([`Grants`]) by which they are deleted
 //! exactly once, by the last grant's release or by the scope's close, whichever comes first,
-//! and the shared state ([`StateInner`]) that [`crate::spill::state::SpilledState`] handles and
+//! and the shared state ([`StateShared`]) that [`crate::spill::state::SpilledState`] handles and
 //! [`crate::spill::reader::SpillReader`]s hold through a [`Grant`].
 //!
 //! The grants, the scope's close and publish's life states are model-checked with loom
@@ -191,11 +191,11 @@ pub(crate) struct SegmentAt {
 }
 
 /// What a state's handles share: its files under their [`Grants`], and where to hand them back.
-pub(crate) struct StateInner {
+pub(crate) struct StateShared {
     core: Arc<EngineShared>,
     /// The scope the state is registered with (its backstop), and its id there. Changed only
-    /// by [`StateInner::move_to`]; the lock orders a move against an unregistration. `None`
-    /// only while the shell is kept for reuse (see [`StateInner::shelve`]), when no handle
+    /// by [`StateShared::move_to`]; the lock orders a move against an unregistration. `None`
+    /// only while the shell is kept for reuse (see [`StateShared::shelve`]), when no handle
     /// can reach it.
     scope: parking_lot::Mutex<Option<Arc<TaskShared>>>,
     /// The I/O lane the state's deletes go to (its writer's).
@@ -217,7 +217,7 @@ pub(crate) struct StateInner {
     pub(crate) span: tracing::Span,
 }
 
-impl std::fmt::Debug for StateInner {
+impl std::fmt::Debug for StateShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpilledState")
             .field("segments", &self.segments)
@@ -227,7 +227,7 @@ impl std::fmt::Debug for StateInner {
     }
 }
 
-impl StateInner {
+impl StateShared {
     pub(crate) fn core(&self) -> &Arc<EngineShared> {
         &self.core
     }
@@ -252,7 +252,7 @@ impl StateInner {
         }
     }
 
-    /// A reader refused by `SpilledState::reader` / `into_reader`: [`StateInner::why_gone`],
+    /// A reader refused by `SpilledState::reader` / `into_reader`: [`StateShared::why_gone`],
     /// counted in the metrics' errors by kind.
     pub(crate) fn refused_reader(&self, e: SpillError) -> SpillError {
         let e = self.why_gone(e);
@@ -343,7 +343,7 @@ impl StateInner {
         (records, payload): (u64, u64),
     ) -> Self {
         let bytes = entries.iter().map(|e| e.len).sum();
-        StateInner {
+        StateShared {
             span: tracing::debug_span!(parent: &task.span, "spillring.state",
                 segments = entries.len() as u64, bytes, outcome = tracing::field::Empty),
             bytes,
@@ -359,7 +359,7 @@ impl StateInner {
         }
     }
 
-    /// [`StateInner::new`] in a recycled shell (`core.state_shells`) if there is one.
+    /// [`StateShared::new`] in a recycled shell (`core.state_shells`) if there is one.
     pub(crate) fn make(
         task: Arc<TaskShared>,
         lane: usize,
@@ -367,11 +367,11 @@ impl StateInner {
         counts: (u64, u64),
     ) -> Arc<Self> {
         if let Some(shell) = task.core().state_shells.take()
-            && let Ok(mut inner) = shell.downcast::<StateInner>()
+            && let Ok(mut inner) = shell.downcast::<StateShared>()
             && let Some(s) = Arc::get_mut(&mut inner)
         {
             let maps = s.maps.take();
-            *s = StateInner::new(task, lane, entries, counts);
+            *s = StateShared::new(task, lane, entries, counts);
             // The mapping counts of the last state, if no record of it holds them any more
             // and they fit (a mapped read allocates nothing for them then).
             if let Some(mut m) = maps
@@ -385,7 +385,7 @@ impl StateInner {
             }
             return inner;
         }
-        Arc::new(StateInner::new(task, lane, entries, counts))
+        Arc::new(StateShared::new(task, lane, entries, counts))
     }
 
     /// The last handle is going: if nobody else holds the state (its files went: released,
@@ -438,7 +438,7 @@ impl StateInner {
     }
 }
 
-impl Member for StateInner {
+impl Member for StateShared {
     fn usage(&self) -> crate::spill::task::SpillUsage {
         let (files, bytes) = self.files.with_entries(|es| {
             (
@@ -465,18 +465,18 @@ impl Member for StateInner {
 
 /// One grant on a state's files, released on drop.
 #[derive(Debug)]
-pub(crate) struct Grant(pub(crate) Arc<StateInner>);
+pub(crate) struct Grant(pub(crate) Arc<StateShared>);
 
 impl Drop for Grant {
     fn drop(&mut self) {
         self.0.release();
-        StateInner::shelve(&mut self.0);
+        StateShared::shelve(&mut self.0);
     }
 }
 
 /// Turns an `openat` failure of a state's segment into the error a reader reports: a file
 /// missing because the scope aborted is `Aborted`, never a bare NotFound.
-pub(crate) fn open_error(state: &StateInner, path: PathBuf, e: io::Error) -> SpillError {
+pub(crate) fn open_error(state: &StateShared, path: PathBuf, e: io::Error) -> SpillError {
     if state.is_aborted() {
         SpillError::Aborted
     } else {

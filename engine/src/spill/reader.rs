@@ -55,7 +55,7 @@ use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
-use crate::spill::grant::{Grant, SegmentAt, StateInner, open_error};
+use crate::spill::grant::{Grant, SegmentAt, StateShared, open_error};
 use crate::spill::segment_read::{CurBlock, ReadSmall, SegmentFd, read_small, touch_pages};
 use crate::store::proc::ProcDir;
 
@@ -71,7 +71,7 @@ struct MapOwner {
     map: Option<MapRef>,
     len: usize,
     reaper: Reaper,
-    /// The state's count of live mappings of this segment (see `StateInner::maps`).
+    /// The state's count of live mappings of this segment (see `StateShared::maps`).
     maps: Arc<[AtomicUsize]>,
     index: usize,
 }
@@ -389,14 +389,14 @@ impl SpillReader {
 /// length; checks its header. `warm` (async reads, on an offload thread) touches every page
 /// of a map, so that the caller's thread takes no page fault of a cold map. An abort is
 /// `Aborted` (the caller counts it).
-fn open_segment(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
+fn open_segment(state: &StateShared, i: usize, warm: bool) -> Result<Mapped> {
     let started = std::time::Instant::now();
     let r = open_segment_timed(state, i, warm);
     state.core().counters.latency.read.record_since(started);
     r
 }
 
-fn open_segment_timed(state: &StateInner, i: usize, warm: bool) -> Result<Mapped> {
+fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Mapped> {
     if state.is_aborted() {
         return Err(SpillError::Aborted);
     }

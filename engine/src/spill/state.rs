@@ -19,7 +19,7 @@ use crate::fault::{FaultPlan, Injected, fault_point};
 use crate::format::segment::SegmentFileName;
 use crate::metrics::Counters;
 use crate::shared::EngineShared;
-use crate::spill::grant::{Grant, StateInner};
+use crate::spill::grant::{Grant, StateShared};
 use crate::spill::reader::SpillReader;
 use crate::spill::task::{Member, TaskShared};
 use crate::store::entry::SegmentEntry;
@@ -74,7 +74,7 @@ impl SpilledState {
         counts: (u64, u64),
         register: impl FnOnce(Arc<dyn Member>) -> Result<u64>,
     ) -> Result<Self> {
-        let inner = StateInner::make(task, lane, entries, counts);
+        let inner = StateShared::make(task, lane, entries, counts);
         // Until the id is stored, a release would unregister id 0, which is never used; the
         // caller holds the only grant here, so no release can run before the store below.
         let id = register(inner.clone())?;
@@ -84,7 +84,7 @@ impl SpilledState {
         })
     }
 
-    fn inner(&self) -> &Arc<StateInner> {
+    fn inner(&self) -> &Arc<StateShared> {
         &self.grant.0
     }
 

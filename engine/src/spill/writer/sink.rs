@@ -16,7 +16,7 @@ use super::{SpillWriter, Wait};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::format::block::{BLOCK_HEADER_LEN, Binding};
-use crate::io::{CachedFile, FileHandle, Op, OpKind, Refused, Short, Take, WriteData};
+use crate::io::{CachedFile, FileHandle, NoBuffer, Op, OpKind, Refused, Taken, WriteData};
 use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
 
@@ -87,14 +87,14 @@ impl SpillWriter {
                 },
             };
             match took {
-                Ok(Take::Free(b)) => {
+                Ok(Taken::Free(b)) => {
                     self.blocks.staging = Some(b);
                     return Poll::Ready(Ok(()));
                 }
                 // The map, the unmaps that made room for it and the first touch of its pages:
                 // a step (on the offload pool for an async writer).
-                Ok(Take::Map(m)) => return self.run_step(Step::Map(m), wait),
-                Err(Short::Wait { epoch }) => match wait {
+                Ok(Taken::Map(m)) => return self.run_step(Step::Map(m), wait),
+                Err(NoBuffer::Wait { epoch }) => match wait {
                     Wait::Block => pool.wait_returned(epoch),
                     Wait::Async(cx, _) => {
                         if pool.register_waker(epoch, cx.waker()) {
@@ -102,10 +102,10 @@ impl SpillWriter {
                         }
                     }
                 },
-                Err(Short::Exhausted { budget, held }) => {
+                Err(NoBuffer::Exhausted { budget, held }) => {
                     return Poll::Ready(Err(buffer_error(Refused::Exhausted { budget, held })));
                 }
-                Err(Short::Io(e)) => return Poll::Ready(Err(buffer_error(Refused::Io(e)))),
+                Err(NoBuffer::Io(e)) => return Poll::Ready(Err(buffer_error(Refused::Io(e)))),
             }
         }
     }

@@ -7,7 +7,7 @@ use super::{SpillWriter, Wait, check_len, drive};
 use crate::error::{Result, SpillError};
 use crate::format::block::BLOCK_HEADER_LEN;
 use crate::format::segment::{self, FRAME_LEN};
-use crate::io::{Short, Take};
+use crate::io::{NoBuffer, Taken};
 
 /// A record filled in place, in the writer's staging buffer: the bytes the caller writes here
 /// are the bytes that go to disk, with no copy. Made by [`SpillWriter::record`]; `commit`
@@ -157,9 +157,9 @@ impl SpillWriter {
             let need = BLOCK_HEADER_LEN + FRAME_LEN + len;
             let got = if in_poll {
                 match pool.try_take_now(need) {
-                    Some(Ok(Take::Free(b))) => Ok(b),
+                    Some(Ok(Taken::Free(b))) => Ok(b),
                     // Dropping the mapping gives its bytes back to the budget.
-                    Some(Ok(Take::Map(_))) | None => return Ok(self.owned_slot(len)),
+                    Some(Ok(Taken::Map(_))) | None => return Ok(self.owned_slot(len)),
                     Some(Err(e)) => Err(e),
                 }
             } else {
@@ -169,10 +169,10 @@ impl SpillWriter {
                 Ok(b) if b.remaining() >= BLOCK_HEADER_LEN + FRAME_LEN + len => {
                     self.blocks.staging = Some(b)
                 }
-                Ok(_) | Err(Short::Wait { .. } | Short::Exhausted { .. }) => {
+                Ok(_) | Err(NoBuffer::Wait { .. } | NoBuffer::Exhausted { .. }) => {
                     return Ok(self.owned_slot(len));
                 }
-                Err(Short::Io(e)) => {
+                Err(NoBuffer::Io(e)) => {
                     return Err(self.fail(SpillError::io("allocate buffer", "", e)));
                 }
             }
