@@ -105,16 +105,24 @@ dd_mb_s() {
 }
 
 check() {
-    local m
-    m=$(up --devices 1 --mbps 100 --size-gib 1)
+    # The property the slow-device tests need: in the cgroup, direct writes run no faster than
+    # the limit. 50 MB/s, as the tests use, sits far under this disk's usual 0.4-1.2 GB/s, but
+    # the shared disk can itself dip under the limit (stop 31's CI saw 135 MB/s unthrottled and
+    # 76.9 MB/s under a 100 MB/s limit), so a rate under the limit is a warning, not a failure;
+    # only a rate over it (the throttle is not in force) fails.
+    local limit=50 m
+    m=$(up --devices 1 --mbps "$limit" --size-gib 1)
     trap down EXIT
     local free slow
     free=$(dd_mb_s "$m/free.bin")
     slow=$(bash -c "echo \$\$ > $cg/tasks; $(declare -f dd_mb_s); dd_mb_s $m/slow.bin")
     rm -f "$m/free.bin" "$m/slow.bin"
-    echo "slowdev.sh check: unthrottled ${free} MB/s, in the cgroup ${slow} MB/s (limit 100)"
-    awk -v s="$slow" 'BEGIN { exit !(s > 80 && s < 115) }' \
-        || die "the throttle did not hold: ${slow} MB/s under a 100 MB/s limit"
+    echo "slowdev.sh check: unthrottled ${free} MB/s, in the cgroup ${slow} MB/s (limit ${limit})"
+    awk -v s="$slow" -v l="$limit" 'BEGIN { exit !(s < l * 1.15) }' \
+        || die "the throttle did not hold: ${slow} MB/s under a ${limit} MB/s limit"
+    awk -v s="$slow" -v l="$limit" 'BEGIN { exit !(s < l * 0.8) }' \
+        && echo "slowdev.sh check: warning: ${slow} MB/s is well under the limit; the disk itself was slow (unthrottled ${free} MB/s)" >&2
+    return 0
 }
 
 slow_tests() {
