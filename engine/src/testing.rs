@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::spill::segment_read::CurBlock;
 use crate::store::ledger::{Ledger, Ticket};
 
 /// A stand-alone ticket ledger, to measure reserve/release.
@@ -78,26 +79,27 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
     };
     let counters = crate::metrics::Counters::default();
     let mut off = crate::format::segment::HEADER_LEN;
+    let mut prev = None;
     loop {
         let b = match block::block_at(buf, off, end).and_then(|b| {
             b.map(|b| block::check_block(buf, &b, bind).map(|()| b))
                 .transpose()
         }) {
             Ok(Some(b)) => b,
-            Ok(None) => break,
+            Ok(None) => {
+                if let Some(cb) = prev.as_ref().filter(|cb: &&CurBlock| cb.assembling()) {
+                    out.damage = Some((cb.offset, "segment ends inside a chunked record"));
+                }
+                break;
+            }
             Err(d) => {
                 out.damage = Some((d.offset, d.detail));
                 break;
             }
         };
         let stored = bytes::Bytes::copy_from_slice(&buf[b.stored.clone()]);
-        let mut cb = match crate::spill::segment_read::CurBlock::decode(
-            b.header,
-            stored,
-            b.offset as u64,
-            &counters,
-            None,
-        ) {
+        let cb = CurBlock::decode(b.header, stored, b.offset as u64, &counters, None);
+        let mut cb = match cb.and_then(|cb| cb.follow(prev.take())) {
             Ok(cb) => cb,
             Err(d) => {
                 out.damage = Some((b.offset as u64, d));
@@ -114,6 +116,7 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
                 }
             }
         }
+        prev = Some(cb);
         off = b.next;
     }
     out

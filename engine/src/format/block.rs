@@ -5,7 +5,8 @@
 //! block header (64 bytes)
 //!   0  magic      b"SRB2"
 //!   4  codec      u8   0 raw, 1 lz4 (block format), 2 zstd
-//!   5  flags      u8   bit 0: encrypted (see format/crypt.rs); other bits zero
+//!   5  flags      u8   bit 0: encrypted (see format/crypt.rs); bit 1: chunk (below); other
+//!                      bits zero
 //!   6  reserved   2 zero bytes
 //!   8  stored     u64 LE  bytes of the block after this header, as written
 //!  16  raw        u64 LE  bytes of the records (frames included) once decoded
@@ -22,6 +23,11 @@
 //!   0  len        u32 LE  payload length
 //!   4  reserved   u32     zero
 //!   8  payload
+//! chunk (flags bit 1): a record larger than a staging buffer, compressed, is cut into
+//!   chunks, each a block of its own (bound, checked, encrypted like any other) whose decoded
+//!   bytes are the next piece of frame + payload rather than whole frames: records is 1 on the
+//!   first chunk (its bytes start with the record's frame, which gives the total length) and
+//!   0 on the rest, which follow it back to back. A chunk out of place fails its binding.
 //! ```
 //!
 //! The binding makes a block of another segment, of an earlier use of a recycled file, of
@@ -44,6 +50,8 @@ pub const LARGE_PREFIX_LEN: usize = BLOCK_HEADER_LEN + FRAME_LEN;
 const BLOCK_MAGIC: &[u8; 4] = b"SRB2";
 /// Block flags bit: the stored bytes are AES-256-GCM ciphertext, the check field its tag.
 pub const FLAG_ENCRYPTED: u8 = 1;
+/// Block flags bit: the block is a chunk of one record (see the layout above).
+pub const FLAG_CHUNK: u8 = 2;
 /// Blocks are padded to at most this alignment (direct mode's).
 const PAD_ALIGN: usize = 4096;
 
@@ -83,6 +91,8 @@ pub struct BlockHeader {
     pub pad: u32,
     /// Encrypted (flags bit 0): the check field is a GCM tag.
     pub encrypted: bool,
+    /// A chunk of one record (flags bit 1).
+    pub chunk: bool,
 }
 
 /// Which engine, segment and use a block belongs to, and where it lies: bound into its
@@ -189,13 +199,19 @@ pub(crate) fn seal_in_place(
     raw: u64,
     records: u32,
     pad: u32,
+    chunk: bool,
     stored: &mut [u8],
 ) -> [u8; BLOCK_HEADER_LEN] {
-    let Some(key) = key else {
-        return encode_block_header(bind, offset, codec, raw, records, pad, stored);
-    };
     let mut fields = header_fields(codec.id(), stored.len() as u64, raw, records, pad);
-    fields[5] = FLAG_ENCRYPTED;
+    if chunk {
+        fields[5] = FLAG_CHUNK;
+    }
+    let Some(key) = key else {
+        let crc = crc::crc32c(&binding_bytes(bind, offset));
+        let crc = crc::crc32c_append(crc, &fields);
+        return BlockSeal { fields, crc }.finish_over(stored);
+    };
+    fields[5] |= FLAG_ENCRYPTED;
     let counter = key.next_counter();
     fields[32..40].copy_from_slice(&counter.to_le_bytes());
     let tag = key.seal(bind, offset, &fields, counter, stored);
@@ -279,7 +295,7 @@ pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
     if codec > 2 {
         return Err("unknown block codec");
     }
-    if h[5] & !FLAG_ENCRYPTED != 0 {
+    if h[5] & !(FLAG_ENCRYPTED | FLAG_CHUNK) != 0 {
         return Err("unsupported block flags");
     }
     let u64_at = |i: usize| {
@@ -295,7 +311,11 @@ pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
         records: u32_at(24),
         pad: u32_at(28),
         encrypted: h[5] & FLAG_ENCRYPTED != 0,
+        chunk: h[5] & FLAG_CHUNK != 0,
     };
+    if header.chunk && header.records > 1 {
+        return Err("chunk block with more than one record");
+    }
     if header.pad as usize >= PAD_ALIGN {
         return Err("block padding too large");
     }
@@ -352,6 +372,20 @@ pub fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize> {
 /// copied back over the raw bytes. The compressed length, `None` if the codec does not shrink
 /// them (`raw` is then as it was).
 pub fn compress_in_place(codec: Codec, raw: &mut [u8]) -> Option<usize> {
+    with_scratch(codec, raw.len(), |out| {
+        let n = compress(codec, raw, out)?;
+        raw[..n].copy_from_slice(&out[..n]);
+        Some(n)
+    })
+}
+
+/// True when `codec` shrinks `sample` (compressed into the per-thread scratch, then dropped).
+pub fn shrinks(codec: Codec, sample: &[u8]) -> bool {
+    with_scratch(codec, sample.len(), |out| compress(codec, sample, out)).is_some()
+}
+
+/// `f` with the per-thread scratch buffer, room for `codec`'s output of `len` bytes.
+fn with_scratch<T>(codec: Codec, len: usize, f: impl FnOnce(&mut [u8]) -> Option<T>) -> Option<T> {
     thread_local! {
         static OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -360,15 +394,13 @@ pub fn compress_in_place(codec: Codec, raw: &mut [u8]) -> Option<usize> {
         // lz4_flex compresses straight into room for its worst case; zstd needs no more than
         // the raw length (a larger output is refused anyway).
         let max = match codec {
-            Codec::Lz4 => lz4_flex::block::get_maximum_output_size(raw.len()),
-            _ => raw.len(),
+            Codec::Lz4 => lz4_flex::block::get_maximum_output_size(len),
+            _ => len,
         };
         if s.len() < max {
             s.resize(max, 0);
         }
-        let n = compress(codec, raw, &mut s[..max])?;
-        raw[..n].copy_from_slice(&s[..n]);
-        Some(n)
+        f(&mut s[..max])
     })
 }
 

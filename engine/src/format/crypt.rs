@@ -183,6 +183,7 @@ mod tests {
             plain.len() as u64,
             1,
             0,
+            false,
             &mut stored,
         );
         let mut v = vec![0u8; 64];

@@ -166,6 +166,8 @@ pub(crate) struct OpenBlock {
     /// Where the frame of a record still growing sits (`SpillWriter::append`: a byte stream
     /// cut into records); its length is written when it ends ([`IoBuf::end_open_record`]).
     pub open_record: Option<usize>,
+    /// A chunk of a record larger than a buffer (`format::block::FLAG_CHUNK`).
+    pub chunk: bool,
 }
 
 impl Drop for IoBuf {

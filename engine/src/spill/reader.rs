@@ -331,6 +331,7 @@ impl SpillReader {
                         Counters::add(&c.records_read, 1);
                         return Some(Ok(Some(rec)));
                     }
+                    Ok(None) if b.assembling() => {}
                     Ok(None) => m.block = None,
                     Err(detail) => {
                         let at = b.offset;
@@ -354,7 +355,13 @@ impl SpillReader {
             });
             let b = match found {
                 Ok(Some(b)) => b,
-                Ok(None) => return None,
+                Ok(None) => match m.block.as_ref() {
+                    Some(b) if b.assembling() => {
+                        let at = b.offset;
+                        return corrupt(m, at, "segment ends inside a chunked record");
+                    }
+                    _ => return None,
+                },
                 Err(d) => return corrupt(m, d.offset, d.detail),
             };
             let stored = m.bytes.slice(b.stored.clone());
@@ -362,7 +369,8 @@ impl SpillReader {
                 let h = &m.bytes[b.offset..b.offset + BLOCK_HEADER_LEN];
                 (k, bind, h)
             });
-            match CurBlock::decode(b.header, stored, b.offset as u64, c, sealed) {
+            let cb = CurBlock::decode(b.header, stored, b.offset as u64, c, sealed);
+            match cb.and_then(|cb| cb.follow(m.block.take())) {
                 Ok(cb) => {
                     m.off = b.next;
                     m.block = Some(cb);

@@ -10,8 +10,8 @@ use bytes::Bytes;
 
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::crypt::BlockKey;
-use crate::format::segment::HEADER_LEN;
-use crate::io::{DECODE_POOL, FileHandle};
+use crate::format::segment::{FRAME_LEN, HEADER_LEN};
+use crate::io::{DECODE_POOL, Decoded, FileHandle};
 use crate::metrics::Counters;
 
 /// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
@@ -91,6 +91,11 @@ pub(crate) struct CurBlock {
     left: u32,
     /// The block's offset in the segment (where its damage is reported).
     pub(crate) offset: u64,
+    /// A chunk (`block::FLAG_CHUNK`): its decoded bytes are a piece of one record.
+    chunk: bool,
+    /// A record being put together from its chunks (frame + payload) and the bytes of it
+    /// filled so far; the next block must be its next chunk ([`CurBlock::follow`]).
+    part: Option<(Decoded, usize)>,
 }
 
 impl CurBlock {
@@ -138,7 +143,60 @@ impl CurBlock {
             off: 0,
             left: h.records,
             offset,
+            chunk: h.chunk,
+            part: None,
         })
+    }
+
+    /// True while a chunked record is missing chunks: a segment that ends here is damaged.
+    pub(crate) fn assembling(&self) -> bool {
+        self.part.is_some()
+    }
+
+    /// This block, decoded, after `prev` (the block before it in the segment, if kept): a
+    /// chunk of a record larger than a buffer is put together, in a decode-pool buffer of the
+    /// record's length, from its first chunk (whose frame gives the length) and the chunks
+    /// that follow it; the record is handed out once whole. Any other sequence is damage.
+    pub(crate) fn follow(mut self, prev: Option<CurBlock>) -> std::result::Result<Self, &'static str> {
+        let (mut part, mut filled) = match prev.and_then(|p| p.part) {
+            None if !self.chunk => return Ok(self),
+            None if self.left == 0 => return Err("chunk without the first chunk of its record"),
+            None => {
+                let d = &self.data;
+                if d.len() < FRAME_LEN || d[4..8] != [0, 0, 0, 0] {
+                    return Err("first chunk without its record's frame");
+                }
+                let total = FRAME_LEN + u32::from_le_bytes([d[0], d[1], d[2], d[3]]) as usize;
+                if total == d.len() {
+                    // Whole in its first chunk (a buffer with room for it all).
+                    return Ok(self);
+                }
+                if total < d.len() {
+                    return Err("first chunk runs past the end of its record");
+                }
+                (DECODE_POOL.take(total), 0)
+            }
+            Some(_) if !self.chunk || self.left != 0 => {
+                return Err("chunked record cut short by another block");
+            }
+            Some(p) => p,
+        };
+        let out = part.as_mut_slice();
+        let end = filled + self.data.len();
+        if end > out.len() {
+            return Err("chunk runs past the end of its record");
+        }
+        out[filled..end].copy_from_slice(&self.data);
+        filled = end;
+        if filled < part.as_mut_slice().len() {
+            self.data = Bytes::new();
+            self.left = 0;
+            self.part = Some((part, filled));
+        } else {
+            self.data = Bytes::from_owner(part);
+            self.left = 1;
+        }
+        Ok(self)
     }
 
     /// The next record, `None` at the block's end (its count checked).
@@ -170,6 +228,7 @@ mod tests {
             records: 1,
             pad: 0,
             encrypted: false,
+            chunk: false,
         }
     }
 

@@ -155,6 +155,7 @@ impl SegmentReader {
             if let Some(b) = self.block.as_mut() {
                 match b.next() {
                     Ok(Some(rec)) => return Ok(Some(rec)),
+                    Ok(None) if b.assembling() => {}
                     Ok(None) => self.block = None,
                     Err(detail) => {
                         let at = b.offset;
@@ -173,6 +174,11 @@ impl SegmentReader {
         let off = self.off;
         let left = self.len.saturating_sub(off);
         if left == 0 {
+            if let Some(b) = self.block.as_ref().filter(|b| b.assembling()) {
+                let at = b.offset;
+                let detail = "segment ends inside a chunked record";
+                return Err(corrupt(&self.path, self.header.segment, at, detail));
+            }
             // The file may have grown since it was opened: a block past `len` is not read.
             return Ok(false);
         }
@@ -216,8 +222,9 @@ impl SegmentReader {
         if got < pad.len() {
             return Err(bad("segment truncated inside a block's padding"));
         }
-        let cb =
-            CurBlock::decode(h, Bytes::from(stored), off, &self.counters, None).map_err(bad)?;
+        let cb = CurBlock::decode(h, Bytes::from(stored), off, &self.counters, None)
+            .and_then(|cb| cb.follow(self.block.take()))
+            .map_err(bad)?;
         self.off = off + BLOCK_HEADER_LEN as u64 + h.stored + u64::from(h.pad);
         self.block = Some(cb);
         Ok(true)

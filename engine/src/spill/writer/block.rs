@@ -210,6 +210,28 @@ impl Blocks {
         }
     }
 
+    /// Opens a chunk block (`format::block::FLAG_CHUNK`) in the staging buffer and fills its
+    /// room with the next bytes of frame + `rec` from `*done` on (the caller made sure of
+    /// room for its header and more). Sealed as any block.
+    pub(super) fn push_chunk(&mut self, rec: &[u8], done: &mut usize) {
+        let Some(buf) = self.staging.as_mut() else {
+            return;
+        };
+        open_block(buf);
+        if let Some(b) = buf.block.as_mut() {
+            b.chunk = true;
+            b.records = u32::from(*done == 0);
+        }
+        if *done == 0 {
+            buf.push(&block::record_frame(rec.len()));
+            *done = FRAME_LEN;
+        }
+        let at = *done - FRAME_LEN;
+        let n = buf.remaining().min(rec.len() - at);
+        buf.push(&rec[at..at + n]);
+        *done += n;
+    }
+
     /// Seals the block open in the staging buffer, in place: compresses its records per the
     /// codec policy when that shrinks them (through a per-thread scratch buffer: no second
     /// staging buffer, so no map and no pool lock, which an async writer's poll must not
@@ -256,6 +278,7 @@ impl Blocks {
             raw_len as u64,
             ob.records,
             padn as u32,
+            ob.chunk,
             &mut buf.space()[body..end],
         );
         buf.space()[ob.at..body].copy_from_slice(&header);
@@ -303,6 +326,7 @@ pub(super) fn open_block(buf: &mut IoBuf) {
         at,
         records: 0,
         open_record: None,
+        chunk: false,
     });
 }
 
@@ -340,6 +364,7 @@ fn seal_in_place(
     raw: u64,
     records: u32,
     pad: u32,
+    chunk: bool,
     stored: &mut [u8],
 ) -> [u8; BLOCK_HEADER_LEN] {
     let t = core.key.is_some().then(Instant::now);
@@ -351,6 +376,7 @@ fn seal_in_place(
         raw,
         records,
         pad,
+        chunk,
         stored,
     );
     if let Some(t) = t {
@@ -371,7 +397,7 @@ pub(super) fn large_encrypted(
     ct.extend_from_slice(&block::record_frame(rec.len()));
     ct.extend_from_slice(rec);
     let raw = ct.len() as u64;
-    let h = seal_in_place(core, bind, offset, Codec::Raw, raw, 1, 0, &mut ct);
+    let h = seal_in_place(core, bind, offset, Codec::Raw, raw, 1, 0, false, &mut ct);
     let mut p = [0u8; LARGE_PREFIX_LEN];
     p[..BLOCK_HEADER_LEN].copy_from_slice(&h);
     p[BLOCK_HEADER_LEN..].copy_from_slice(&ct[..FRAME_LEN]);
@@ -380,7 +406,7 @@ pub(super) fn large_encrypted(
 
 /// How full the quota is: bytes the ledger holds over `max_spill_bytes`, 0 without one (with
 /// the open segment's root's fill, `Auto`'s space pressure: `codec.rs`).
-fn quota_fill(core: &EngineShared) -> f64 {
+pub(super) fn quota_fill(core: &EngineShared) -> f64 {
     let ledger = &core.store.ledger;
     ledger
         .max_bytes()

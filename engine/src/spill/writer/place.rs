@@ -10,15 +10,20 @@ use std::task::Poll;
 use bytes::Bytes;
 
 use super::block::{
-    DEFER_MIN, Fit, count_block, large_encrypted, large_prefix, large_prefix_unsealed,
+    DEFER_MIN, Fit, count_block, large_encrypted, large_prefix, large_prefix_unsealed, quota_fill,
 };
 use super::{SpillWriter, Wait, drive};
 use crate::config::{Compression, DIRECT_ALIGN};
 use crate::error::Result;
-use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal, Codec, LARGE_PREFIX_LEN};
+use crate::format::block::{self, BLOCK_HEADER_LEN, BlockSeal, Codec, LARGE_PREFIX_LEN};
 use crate::format::segment::{self, FRAME_LEN, HEADER_LEN};
 use crate::io::{Op, OpKind, WriteData};
 use crate::metrics::Counters;
+
+/// The least room a chunk is opened in (less: the buffer is written first).
+const CHUNK_MIN: usize = 4096;
+/// Bytes of a large record tried with the codec before it is cut into chunks.
+const CHUNK_SAMPLE: usize = 64 << 10;
 
 /// A record being placed, kept by the call placing it across `Pending` (an async write resumes
 /// where it stopped).
@@ -51,6 +56,9 @@ enum Stage {
     Vectored { prefix: [u8; LARGE_PREFIX_LEN] },
     /// A block of its own, placed (its bytes staged, or its write submitted): counted next.
     Placed,
+    /// Compressed in chunks, each a block of its own sealed as a buffer is (`Blocks::seal`):
+    /// `done` bytes of frame + record placed.
+    Chunks { done: usize },
 }
 
 impl Placing {
@@ -82,13 +90,21 @@ impl SpillWriter {
                             || self.ctx.core.key.is_some())
                             && self.fits_block(len));
                     let own = vectored || !self.fits_block(len);
-                    let need = if own {
+                    let chunked = !self.fits_block(len) && self.chunks_pay(&p.rec);
+                    let need = if chunked {
+                        // Each chunk may be a raw block, padded in direct mode, with a header.
+                        let cap = self.ctx.core.io.pool().buffer_capacity() - HEADER_LEN;
+                        let chunks = (FRAME_LEN + len).div_ceil(cap - BLOCK_HEADER_LEN) + 1;
+                        FRAME_LEN + len + chunks * (BLOCK_HEADER_LEN + DIRECT_ALIGN)
+                    } else if own {
                         LARGE_PREFIX_LEN + len + DIRECT_ALIGN
                     } else {
                         BLOCK_HEADER_LEN + FRAME_LEN + len
                     };
                     ready_ok!(self.plan(need as u64, wait));
-                    if own {
+                    if chunked {
+                        Stage::Chunks { done: 0 }
+                    } else if own {
                         Stage::Own { vectored }
                     } else {
                         Stage::InBlock
@@ -190,6 +206,29 @@ impl SpillWriter {
                     }
                     Stage::Placed
                 }
+                Stage::Chunks { done } => {
+                    loop {
+                        // A chunk is sealed (compressed, checked, encrypted) and written as
+                        // its buffer is; so is the block open before the record.
+                        if self.blocks.block_open() {
+                            ready_ok!(self.flush_staging(wait, false));
+                            continue;
+                        }
+                        if *done == FRAME_LEN + len {
+                            break;
+                        }
+                        ready_ok!(self.staging_with_room(wait));
+                        if self.blocks.room() < BLOCK_HEADER_LEN + CHUNK_MIN
+                            && self.blocks.staged() > 0
+                        {
+                            ready_ok!(self.flush_staging(wait, false));
+                            continue;
+                        }
+                        self.blocks.push_chunk(&p.rec, done);
+                    }
+                    self.count_record(len);
+                    return Poll::Ready(Ok(()));
+                }
                 Stage::Placed => {
                     let block_len = (LARGE_PREFIX_LEN + len) as u64;
                     count_block(&self.ctx.core, Codec::Raw, block_len, block_len, 0);
@@ -199,6 +238,26 @@ impl SpillWriter {
             };
             p.stage = next;
         }
+    }
+
+    /// True when a record larger than a buffer is to be compressed in chunks: the codec (fixed,
+    /// or `Auto`'s pick for its first block's worth, quota pressure included) compresses and a
+    /// sample of it shrinks. Otherwise it is a raw block of its own, read without a copy.
+    fn chunks_pay(&mut self, rec: &[u8]) -> bool {
+        if matches!(self.blocks.codec.mode, Compression::None) {
+            return false;
+        }
+        let cap = self.ctx.core.io.pool().buffer_capacity();
+        let fill = quota_fill(&self.ctx.core);
+        let (codec, _) = self.blocks.codec.pick(&rec[..rec.len().min(cap)], fill);
+        if codec == Codec::Raw {
+            return false;
+        }
+        let shrinks = block::shrinks(codec, &rec[..rec.len().min(CHUNK_SAMPLE)]);
+        if !shrinks {
+            self.blocks.codec.shrank_nothing();
+        }
+        shrinks
     }
 
     /// Write-behind of a large record's checksum: the block header goes into the staging
