@@ -530,7 +530,11 @@ fn large_records_are_compressed_in_chunks(b: BackendKind) {
     }
     let logical: usize = want.iter().map(Vec::len).sum();
     for mode in both_modes() {
-        for codec in [Compression::Lz4, Compression::Zstd { level: 1 }, Compression::Auto] {
+        for codec in [
+            Compression::Lz4,
+            Compression::Zstd { level: 1 },
+            Compression::Auto,
+        ] {
             for asynchronous in [false, true] {
                 let what = format!("{mode:?} {codec:?} async={asynchronous}");
                 let dir = tempfile::tempdir().unwrap();
@@ -584,17 +588,24 @@ fn large_records_are_compressed_in_chunks(b: BackendKind) {
                     m.blocks_raw, m.blocks_lz4, m.blocks_zstd
                 );
                 // `Auto` may keep a chunk raw while it measures, before the quota fills.
-                let least = if codec == Compression::Auto { 12 } else { 2 * (4 + 6 + 2) };
+                let least = if codec == Compression::Auto {
+                    12
+                } else {
+                    2 * (4 + 6 + 2)
+                };
                 assert!(
                     m.blocks_lz4 + m.blocks_zstd >= least,
                     "{what}: the large records' chunks compressed: {m:?}"
                 );
                 let most = if codec == Compression::Auto { 0.7 } else { 0.6 };
-                assert!(ratio < most, "{what}: stored {ratio:.3} of the logical bytes");
+                assert!(
+                    ratio < most,
+                    "{what}: stored {ratio:.3} of the logical bytes"
+                );
                 assert!(m.physical_bytes_written <= m.logical_bytes_written);
                 assert_eq!(got.len(), want.len(), "{what}");
                 for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(&g[..] == &w[..], "{what}: record {k}");
+                    assert!(g[..] == w[..], "{what}: record {k}");
                 }
                 drop((got, st));
                 task.close();
@@ -625,7 +636,11 @@ fn mapped_ranges(path: &std::path::Path) -> Vec<(usize, usize)> {
 /// segment's map.
 fn incompressible_large_records_stay_raw_and_zero_copy(b: BackendKind) {
     for mode in both_modes() {
-        for codec in [Compression::Lz4, Compression::Zstd { level: 1 }, Compression::Auto] {
+        for codec in [
+            Compression::Lz4,
+            Compression::Zstd { level: 1 },
+            Compression::Auto,
+        ] {
             let what = format!("{mode:?} {codec:?}");
             let dir = tempfile::tempdir().unwrap();
             let engine = Engine::open(
@@ -647,7 +662,11 @@ fn incompressible_large_records_stay_raw_and_zero_copy(b: BackendKind) {
             let got = r.next_record().unwrap().unwrap();
             assert!(got[..] == big[..], "{what}");
             let p = got.as_ptr() as usize;
-            let maps = st.paths().iter().flat_map(|p| mapped_ranges(p)).collect::<Vec<_>>();
+            let maps = st
+                .paths()
+                .iter()
+                .flat_map(|p| mapped_ranges(p))
+                .collect::<Vec<_>>();
             assert!(
                 maps.iter().any(|&(a, e)| a <= p && p + got.len() <= e),
                 "{what}: the record {p:#x} is not in the segment's map {maps:x?}"
@@ -674,7 +693,9 @@ fn encrypted_large_records_are_compressed_in_chunks(b: BackendKind) {
         .unwrap();
         let task = engine.task("crypt").unwrap();
         let mut w = task.writer().unwrap();
-        let want: Vec<Vec<u8>> = (0..4).map(|i| text_record((600 << 10) + i, i as u64)).collect();
+        let want: Vec<Vec<u8>> = (0..4)
+            .map(|i| text_record((600 << 10) + i, i as u64))
+            .collect();
         for r in &want {
             w.write(Bytes::from(r.clone())).unwrap();
         }
@@ -687,7 +708,10 @@ fn encrypted_large_records_are_compressed_in_chunks(b: BackendKind) {
         );
         for p in st.paths() {
             let file = std::fs::read(&p).unwrap();
-            assert!(!file.windows(9).any(|w| w == b"furiously"), "{mode:?}: plaintext in the file");
+            assert!(
+                !file.windows(9).any(|w| w == b"furiously"),
+                "{mode:?}: plaintext in the file"
+            );
         }
         let got: Vec<Bytes> = st.reader().unwrap().map(|r| r.unwrap()).collect();
         assert_eq!(got.len(), want.len());

@@ -25,6 +25,7 @@ per_backend!(
     damage_in_auto_blocks_direct,
     damage_in_encrypted_blocks_buffered,
     damage_in_encrypted_lz4_blocks_direct_mapped,
+    damage_in_compressed_chunks,
 );
 
 const REC: usize = 1000;
@@ -389,4 +390,132 @@ fn damage_in_encrypted_blocks_buffered(b: BackendKind) {
 
 fn damage_in_encrypted_lz4_blocks_direct_mapped(b: BackendKind) {
     damage_cases(b, WriteMode::Direct, 0, Compression::Lz4, true);
+}
+
+/// The blocks of a segment file: (offset, end, flags, records).
+fn blocks_of(file: &[u8]) -> Vec<(usize, usize, u8, u32)> {
+    let mut v = Vec::new();
+    let mut off = HEADER as usize;
+    while off + 64 <= file.len() {
+        let h = &file[off..off + 64];
+        let stored = u64::from_le_bytes(h[8..16].try_into().unwrap()) as usize;
+        let pad = u32::from_le_bytes(h[28..32].try_into().unwrap()) as usize;
+        let records = u32::from_le_bytes(h[24..28].try_into().unwrap());
+        let end = off + 64 + stored + pad;
+        v.push((off, end, h[5], records));
+        off = end;
+    }
+    v
+}
+
+/// A record larger than a staging buffer is compressed in chunks (flags bit 1): a byte
+/// flipped in a middle chunk, the file cut after the first chunk, and a chunk pasted from
+/// another record each read as `Corrupt` at the chunk's offset, after the intact records
+/// before it, never as a wrong record (sync reader, and `SegmentReader` for the cut).
+fn damage_in_compressed_chunks(b: BackendKind) {
+    let text = |n: usize, k: u64| -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut i = k;
+        while v.len() < n {
+            v.extend_from_slice(&rec(i, true));
+            i += 1;
+        }
+        v.truncate(n);
+        v
+    };
+    let want = [
+        rec(0, true),
+        text(700 << 10, 10),
+        text(700 << 10, 5000),
+        rec(1, true),
+    ];
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let engine = Engine::open(
+        cfg(dir.path(), b)
+            .segment_size(4 << 20)
+            .io_buffer_size(256 << 10)
+            .compression(Compression::Lz4),
+    )
+    .unwrap();
+    let task = engine.task("chunks").unwrap();
+    let mut w = task.writer().unwrap();
+    for r in &want {
+        w.write(Bytes::from(r.clone())).unwrap();
+    }
+    let st = w.finish().unwrap();
+    assert_eq!(st.segments(), 1);
+    let seg = match spillring::SegmentReader::open(&st.paths()[0]) {
+        Ok(r) => r.header().segment,
+        Err(e) => panic!("{e}"),
+    };
+    let path = st.paths()[0].clone();
+    let orig = std::fs::read(&path).unwrap();
+    let chunks: Vec<_> = blocks_of(&orig)
+        .into_iter()
+        .filter(|b| b.2 & 2 != 0)
+        .collect();
+    // Two records of 700 KiB: at least 3 chunks each, the first of each with its frame.
+    let firsts: Vec<usize> = (0..chunks.len()).filter(|&i| chunks[i].3 == 1).collect();
+    assert!(
+        chunks.len() >= 6 && firsts.len() == 2 && firsts[0] == 0,
+        "{chunks:?}"
+    );
+    let read = |what: &str| -> SpillError {
+        let mut r = st.reader().unwrap();
+        let mut i = 0;
+        loop {
+            match r.next_record() {
+                Ok(Some(g)) => {
+                    assert!(g[..] == want[i][..], "{what}: record {i} is wrong");
+                    i += 1;
+                }
+                Ok(None) => panic!("{what}: read all {i} records: the damage went unnoticed"),
+                Err(e) => {
+                    assert_eq!(i, 1, "{what}: the record before the damage is returned");
+                    return e;
+                }
+            }
+        }
+    };
+    let put = |bytes: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        f.set_len(bytes.len() as u64).unwrap();
+    };
+    // 1. A byte flipped in a middle chunk's stored bytes.
+    let mid = chunks[1];
+    let byte = flip(&path, (mid.0 + 64 + 100) as u64);
+    assert_corrupt(
+        &read("flip"),
+        (seg, mid.0 as u64),
+        Some("block checksum mismatch"),
+    );
+    restore(&path, (mid.0 + 64 + 100) as u64, byte);
+    // 2. A chunk of the second record pasted over the first one's second chunk.
+    let other = chunks[firsts[1] + 1];
+    let mut pasted = orig.clone();
+    pasted.splice(mid.0..mid.1, orig[other.0..other.1].iter().copied());
+    put(&pasted);
+    let err = read("paste");
+    assert!(
+        matches!(err, SpillError::Corrupt { offset, .. } if offset == mid.0 as u64),
+        "{err}"
+    );
+    // 3. The file cut after the first chunk: the reader and `SegmentReader` (which reads to
+    //    the file's end) say so at the chunk.
+    put(&orig[..chunks[0].1]);
+    assert!(matches!(read("cut"), SpillError::Corrupt { .. }));
+    let mut sr = spillring::SegmentReader::open(&path).unwrap();
+    assert!(sr.next_record().unwrap().unwrap()[..] == want[0][..]);
+    assert_corrupt(
+        &sr.next_record().unwrap_err(),
+        (seg, chunks[0].0 as u64),
+        Some("segment ends inside a chunked record"),
+    );
+    put(&orig);
+    let got: Vec<Bytes> = st.reader().unwrap().map(|r| r.unwrap()).collect();
+    assert_eq!(got.len(), want.len());
+    drop((got, st));
+    task.close();
+    assert_clean(&engine, dir.path());
 }

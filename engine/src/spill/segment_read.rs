@@ -157,7 +157,10 @@ impl CurBlock {
     /// chunk of a record larger than a buffer is put together, in a decode-pool buffer of the
     /// record's length, from its first chunk (whose frame gives the length) and the chunks
     /// that follow it; the record is handed out once whole. Any other sequence is damage.
-    pub(crate) fn follow(mut self, prev: Option<CurBlock>) -> std::result::Result<Self, &'static str> {
+    pub(crate) fn follow(
+        mut self,
+        prev: Option<CurBlock>,
+    ) -> std::result::Result<Self, &'static str> {
         let (mut part, mut filled) = match prev.and_then(|p| p.part) {
             None if !self.chunk => return Ok(self),
             None if self.left == 0 => return Err("chunk without the first chunk of its record"),
