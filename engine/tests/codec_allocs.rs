@@ -1,8 +1,7 @@
 //! Heap allocations on the writer's thread per write, with each codec against `None` in the
 //! same run. Sealing a block (compressing it into a second pooled buffer, zstd's kept
-//! context, `Auto`'s kept scratch) allocates nothing once the writer is warm, except lz4_flex's
-//! hash table: one allocation per lz4 call (a block, or an `Auto` trial), which the test
-//! allows and the report names.
+//! context, lz4's kept hash table and scratch, `Auto`'s kept scratch) allocates nothing once
+//! the writer is warm.
 
 #[macro_use]
 mod common;
@@ -76,7 +75,7 @@ fn allocs_per_write(
         .cycle()
         .take(1000)
         .collect();
-    for _ in 0..2000 {
+    for _ in 0..8000 {
         w.write_slice(&row).unwrap();
     }
     let n = 5000;
@@ -91,7 +90,7 @@ fn allocs_per_write(
     let m = engine.metrics();
     let lz4_calls = (m.blocks_lz4 - m0.blocks_lz4) + (m.blocks_raw - m0.blocks_raw);
     let st = w.finish().unwrap();
-    assert_eq!(st.records(), 7000);
+    assert_eq!(st.records(), 13000);
     drop(st);
     task.close();
     (got, m.blocks_lz4 + m.blocks_zstd, lz4_calls)
@@ -99,6 +98,9 @@ fn allocs_per_write(
 
 fn compression_adds_no_allocation_per_write(b: BackendKind) {
     for mode in both_modes() {
+        // The first engine of the process pays its threads' and thread-locals' first
+        // allocations: the baseline is a second run.
+        allocs_per_write(b, mode, Compression::None, false);
         let (base, _, _) = allocs_per_write(b, mode, Compression::None, false);
         for c in [
             Compression::Lz4,
@@ -113,14 +115,11 @@ fn compression_adds_no_allocation_per_write(b: BackendKind) {
                 c == Compression::Auto || compressed > 50,
                 "{mode:?} {c:?}: {compressed} blocks compressed"
             );
-            // lz4_flex allocates its hash table per call (a block; Auto's trials are fewer
-            // than its blocks); zstd and the engine's own path allocate nothing.
-            let allowed = match c {
-                Compression::Zstd { .. } => base,
-                _ => base + 2 * lz4_calls,
-            };
+            // Slack for a staging buffer mapped when none has come back from the device yet
+            // (timing, as in the encryption test below); an allocation per block (~80 here,
+            // as lz4_flex's `compress_into` makes for its hash table) or per write fails.
             assert!(
-                got <= allowed,
+                got <= base + 16,
                 "{mode:?} {c:?}: {got} allocations in 5000 writes, {base} without compression, \
                  {lz4_calls} lz4 blocks"
             );

@@ -406,24 +406,33 @@ fn with_scratch<T>(codec: Codec, len: usize, f: impl FnOnce(&mut [u8]) -> Option
 
 /// lz4_flex wants room for its worst case (110% + 20 bytes); a smaller `dst` (a staging
 /// buffer the size of the block) gets the output through a per-thread scratch buffer, kept
-/// for the next block (no allocation per block once it has grown).
+/// for the next block. The hash table is kept per thread too (`compress_into_with_table`; a
+/// plain `compress_into` allocates its 16 KiB table on every call): no allocation per block
+/// once both have grown.
 fn lz4_into(src: &[u8], dst: &mut [u8]) -> Option<usize> {
-    let max = lz4_flex::block::get_maximum_output_size(src.len());
-    if dst.len() >= max {
-        return lz4_flex::block::compress_into(src, dst).ok();
-    }
+    use lz4_flex::block::{CompressTable, compress_into_with_table};
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        static TABLE: std::cell::RefCell<Option<CompressTable>> =
+            const { std::cell::RefCell::new(None) };
     }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < max {
-            s.resize(max, 0);
+    TABLE.with(|t| {
+        let mut t = t.borrow_mut();
+        let table = t.get_or_insert_with(CompressTable::large);
+        let max = lz4_flex::block::get_maximum_output_size(src.len());
+        if dst.len() >= max {
+            return compress_into_with_table(src, dst, table).ok();
         }
-        let n = lz4_flex::block::compress_into(src, &mut s[..max]).ok()?;
-        let out = dst.get_mut(..n)?;
-        out.copy_from_slice(&s[..n]);
-        Some(n)
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < max {
+                s.resize(max, 0);
+            }
+            let n = compress_into_with_table(src, &mut s[..max], table).ok()?;
+            let out = dst.get_mut(..n)?;
+            out.copy_from_slice(&s[..n]);
+            Some(n)
+        })
     })
 }
 
