@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::spill::segment_read::CurBlock;
+use crate::spill::cursor::SegmentCursor;
 use crate::store::ledger::{Ledger, Ticket};
 
 /// A stand-alone ticket ledger, to measure reserve/release.
@@ -50,7 +50,6 @@ pub struct ParsedSegment {
 /// the segment's written length, each checked and decoded. `buf` is the file: shorter than
 /// `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
-    use crate::format::block;
     let mut out = ParsedSegment {
         records: Vec::new(),
         damage: None,
@@ -72,52 +71,22 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
         }
         Ok(h) => h,
     };
-    let bind = block::Binding {
+    let bind = crate::format::block::Binding {
         segment,
         generation: h.generation,
         engine,
     };
     let counters = crate::metrics::Counters::default();
-    let mut off = crate::format::segment::HEADER_LEN;
-    let mut prev = None;
+    let mut cursor = SegmentCursor::new(bytes::Bytes::copy_from_slice(buf), end, bind);
     loop {
-        let b = match block::block_at(buf, off, end).and_then(|b| {
-            b.map(|b| block::check_block(buf, &b, bind).map(|()| b))
-                .transpose()
-        }) {
-            Ok(Some(b)) => b,
-            Ok(None) => {
-                if let Some(cb) = prev.as_ref().filter(|cb: &&CurBlock| cb.assembling()) {
-                    out.damage = Some((cb.offset, "segment ends inside a chunked record"));
-                }
-                break;
-            }
+        match cursor.next(None, &counters) {
+            Ok(Some(r)) => out.records.push(r.to_vec()),
+            Ok(None) => break,
             Err(d) => {
                 out.damage = Some((d.offset, d.detail));
                 break;
             }
-        };
-        let stored = bytes::Bytes::copy_from_slice(&buf[b.stored.clone()]);
-        let cb = CurBlock::decode(b.header, stored, b.offset as u64, &counters, None);
-        let mut cb = match cb.and_then(|cb| cb.follow(prev.take())) {
-            Ok(cb) => cb,
-            Err(d) => {
-                out.damage = Some((b.offset as u64, d));
-                break;
-            }
-        };
-        loop {
-            match cb.next() {
-                Ok(Some(r)) => out.records.push(r.to_vec()),
-                Ok(None) => break,
-                Err(d) => {
-                    out.damage = Some((b.offset as u64, d));
-                    return out;
-                }
-            }
         }
-        prev = Some(cb);
-        off = b.next;
     }
     out
 }

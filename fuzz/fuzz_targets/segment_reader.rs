@@ -1,6 +1,7 @@
 //! The segment format (version 3: blocks), through the reader's own parsers
-//! (`spillring::testing::parse_segment`, which calls `segment::parse_header`, the block
-//! parser and checksum of `format/block.rs`, and the readers' block decoder).
+//! (`spillring::testing::parse_segment`: `segment::parse_header`, then the readers' one walk
+//! over the blocks, `spill/cursor.rs`'s `SegmentCursor`, with `format/block.rs`'s block
+//! parser and checksum).
 //!
 //! (a) The raw input as a segment file (and as a segment file name): never panics, and a
 //!     clean parse ends at the written length.

@@ -50,13 +50,14 @@ use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
-use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
+use crate::format::block::Binding;
 use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
 use crate::io::{Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
+use crate::spill::cursor::SegmentCursor;
 use crate::spill::grant::{Grant, SegmentAt, StateShared, open_error};
-use crate::spill::segment_read::{CurBlock, ReadSmall, SegmentFd, read_small, touch_pages};
+use crate::spill::segment_fd::{ReadSmall, SegmentFd, read_small, touch_pages};
 use crate::store::proc::ProcDir;
 
 /// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
@@ -101,16 +102,10 @@ impl Drop for MapOwner {
 }
 
 struct Mapped {
-    bytes: Bytes,
-    /// The next block's offset.
-    off: usize,
-    /// The block whose records are being handed out.
-    block: Option<CurBlock>,
-    /// The segment's written length (the map is shorter if the file was truncated).
-    end: usize,
+    /// The walk over the segment's bytes (up to its written length; the map is shorter if
+    /// the file was truncated).
+    cursor: SegmentCursor,
     seg: u32,
-    /// This use of the file: every frame's checksum binds it.
-    generation: u32,
     /// The segment's directory, for the path in an error (built only then).
     dir: Arc<ProcDir>,
 }
@@ -314,69 +309,20 @@ impl SpillReader {
     /// The next frame of the current segment: `None` at its end (or with no current segment).
     fn next_in_current(&mut self) -> Option<Result<Option<Bytes>>> {
         let m = self.cur.as_mut()?;
-        let c = &self.grant.0.core().counters;
-        let corrupt = |m: &Mapped, offset: u64, detail| {
-            Some(Err(SpillError::Corrupt {
+        let core = self.grant.0.core();
+        match m.cursor.next(core.key.as_ref(), &core.counters) {
+            Ok(Some(rec)) => {
+                Counters::add(&core.counters.bytes_read, rec.len() as u64);
+                Counters::add(&core.counters.records_read, 1);
+                Some(Ok(Some(rec)))
+            }
+            Ok(None) => None,
+            Err(d) => Some(Err(SpillError::Corrupt {
                 path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
                 segment: m.seg,
-                offset,
-                detail,
-            }))
-        };
-        loop {
-            if let Some(b) = m.block.as_mut() {
-                match b.next() {
-                    Ok(Some(rec)) => {
-                        Counters::add(&c.bytes_read, rec.len() as u64);
-                        Counters::add(&c.records_read, 1);
-                        return Some(Ok(Some(rec)));
-                    }
-                    Ok(None) if b.assembling() => {}
-                    Ok(None) => m.block = None,
-                    Err(detail) => {
-                        let at = b.offset;
-                        return corrupt(m, at, detail);
-                    }
-                }
-            }
-            let bind = Binding {
-                segment: m.seg,
-                generation: m.generation,
-                engine: self.grant.0.core().id,
-            };
-            let key = self.grant.0.core().key.as_ref();
-            let found = block::block_at(&m.bytes, m.off, m.end).and_then(|b| match b {
-                // An encrypted block is checked by its tag when it is decrypted; a plaintext
-                // one in an encrypted engine's segment is refused there too
-                // (`CurBlock::decode`, the one place that decides it).
-                Some(b) if b.header.encrypted && key.is_some() => Ok(Some(b)),
-                Some(b) => block::check_block(&m.bytes, &b, bind).map(|()| Some(b)),
-                None => Ok(None),
-            });
-            let b = match found {
-                Ok(Some(b)) => b,
-                Ok(None) => match m.block.as_ref() {
-                    Some(b) if b.assembling() => {
-                        let at = b.offset;
-                        return corrupt(m, at, "segment ends inside a chunked record");
-                    }
-                    _ => return None,
-                },
-                Err(d) => return corrupt(m, d.offset, d.detail),
-            };
-            let stored = m.bytes.slice(b.stored.clone());
-            let sealed = key.map(|k| {
-                let h = &m.bytes[b.offset..b.offset + BLOCK_HEADER_LEN];
-                (k, bind, h)
-            });
-            let cb = CurBlock::decode(b.header, stored, b.offset as u64, c, sealed);
-            match cb.and_then(|cb| cb.follow(m.block.take())) {
-                Ok(cb) => {
-                    m.off = b.next;
-                    m.block = Some(cb);
-                }
-                Err(detail) => return corrupt(m, b.offset as u64, detail),
-            }
+                offset: d.offset,
+                detail: d.detail,
+            })),
         }
     }
 
@@ -530,13 +476,14 @@ fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Mappe
     if hdr.generation != generation {
         return Err(corrupt(0, "header is of another use of this file"));
     }
-    Ok(Mapped {
-        bytes,
-        off: HEADER_LEN,
-        block: None,
-        end,
-        seg,
+    let bind = Binding {
+        segment: seg,
         generation,
+        engine: core.id,
+    };
+    Ok(Mapped {
+        cursor: SegmentCursor::new(bytes, end, bind),
+        seg,
         dir,
     })
 }

@@ -16,7 +16,7 @@ use crate::error::{Result, SpillError};
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
 use crate::format::segment::{self, HEADER_LEN, SegmentHeader};
 use crate::metrics::Counters;
-use crate::spill::segment_read::CurBlock;
+use crate::spill::cursor::CurBlock;
 
 /// The read-ahead buffer: a few syscalls per MiB of small records.
 const READ_BUFFER: usize = 128 << 10;

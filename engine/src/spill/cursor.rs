@@ -1,82 +1,93 @@
-//! Reading a segment's bytes for the reader: the fd to read through (the writer's, kept with the
-//! file, or one opened by name), one `pread` of a small segment into a kept read buffer, and the
-//! page touch of an async reader's map; and a checked block's records handed out in order
-//! (`CurBlock`: decrypted and decoded first when they must be).
-
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+//! The one walk over a segment's blocks, for every reader of a segment's bytes: the
+//! [`SpillReader`](crate::SpillReader) (a map or a read buffer), the tests' and fuzz targets'
+//! `testing::parse_segment`, and, block by block, [`SegmentReader`](crate::SegmentReader)
+//! (which reads a file by stream). [`SegmentCursor`] finds each block up to the written length,
+//! checks it (its CRC, or its tag when it is decrypted), and hands out its records in order;
+//! [`CurBlock`] is one checked block: decrypted and decoded when it must be, a record in chunks
+//! put together. The segment header is checked by the caller, which knows what it must name.
 
 use bytes::Bytes;
 
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockHeader};
 use crate::format::crypt::BlockKey;
-use crate::format::segment::{FRAME_LEN, HEADER_LEN};
-use crate::io::{DECODE_POOL, Decoded, FileHandle};
+use crate::format::segment::{Damage, FRAME_LEN, HEADER_LEN};
+use crate::io::{DECODE_POOL, Decoded};
 use crate::metrics::Counters;
 
-/// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
-/// thread): the page faults of a cold map are taken here, so the reader's caller finds the
-/// pages resident.
-pub(super) fn touch_pages(map: &[u8]) {
-    let mut acc = 0u8;
-    for i in (0..map.len()).step_by(4096) {
-        acc ^= map[i];
-    }
-    std::hint::black_box(acc);
-}
-
-/// A segment's fd for one open: the writer's, kept with the file, or one opened here (closed
-/// when the open is done: a map needs no fd).
-pub(super) enum SegmentFd {
-    Kept(Arc<FileHandle>),
-    Opened(OwnedFd),
-}
-
-impl AsFd for SegmentFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            SegmentFd::Kept(h) => h.as_fd(),
-            SegmentFd::Opened(fd) => fd.as_fd(),
-        }
-    }
-}
-
-/// Why [`read_small`] failed.
-pub(super) enum ReadSmall {
-    Io(std::io::Error),
-    /// The file ends inside its header, after this many bytes.
-    Short(usize),
-}
-
-/// One `pread` of a small segment's `end` written bytes into a kept read buffer
-/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a short
-/// read is a truncated file (no fstat).
-pub(super) fn read_small(
-    core: &crate::shared::EngineShared,
-    file: BorrowedFd<'_>,
+/// A walk over the blocks of one segment's bytes (its header checked), from the first block to
+/// the written length.
+pub(crate) struct SegmentCursor {
+    bytes: Bytes,
+    /// The next block's offset.
+    off: usize,
+    /// The segment's written length (`bytes` is shorter if the file was truncated).
     end: usize,
-) -> std::result::Result<Bytes, ReadSmall> {
-    let mut buf = core.read_bufs.take(end);
-    let got = read_up_to(file, buf.space()).map_err(ReadSmall::Io)?;
-    if got < HEADER_LEN {
-        return Err(ReadSmall::Short(got));
-    }
-    buf.truncate(got);
-    Ok(Bytes::from_owner(buf))
+    /// What every block's checksum (or tag) binds.
+    bind: Binding,
+    /// The block whose records are being handed out.
+    block: Option<CurBlock>,
 }
 
-/// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.
-pub(super) fn read_up_to(file: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match crate::sys::rw::pread(file, &mut buf[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+impl SegmentCursor {
+    /// A walk over `bytes`, a segment whose header was checked, up to `end`.
+    pub(crate) fn new(bytes: Bytes, end: usize, bind: Binding) -> Self {
+        SegmentCursor {
+            bytes,
+            off: HEADER_LEN,
+            end,
+            bind,
+            block: None,
         }
     }
-    Ok(got)
+
+    /// The next record, `None` at the written length. `key`: the engine's, when its blocks are
+    /// encrypted (each is then checked by its tag as it is decrypted); `c` counts the bytes
+    /// read, decrypted and decoded.
+    pub(crate) fn next(
+        &mut self,
+        key: Option<&BlockKey>,
+        c: &Counters,
+    ) -> std::result::Result<Option<Bytes>, Damage> {
+        let damage = |offset: u64, detail| Err(Damage { offset, detail });
+        loop {
+            if let Some(b) = self.block.as_mut() {
+                match b.next() {
+                    Ok(Some(rec)) => return Ok(Some(rec)),
+                    Ok(None) if b.assembling() => {}
+                    Ok(None) => self.block = None,
+                    Err(detail) => return damage(b.offset, detail),
+                }
+            }
+            let bytes = &self.bytes;
+            let found = block::block_at(bytes, self.off, self.end).and_then(|b| match b {
+                // An encrypted block is checked by its tag when it is decrypted; a plaintext
+                // one in an encrypted engine's segment is refused there too
+                // (`CurBlock::decode`, the one place that decides it).
+                Some(b) if b.header.encrypted && key.is_some() => Ok(Some(b)),
+                Some(b) => block::check_block(bytes, &b, self.bind).map(|()| Some(b)),
+                None => Ok(None),
+            })?;
+            let Some(b) = found else {
+                return match self.block.as_ref() {
+                    Some(cb) if cb.assembling() => {
+                        damage(cb.offset, "segment ends inside a chunked record")
+                    }
+                    _ => Ok(None),
+                };
+            };
+            let stored = bytes.slice(b.stored.clone());
+            let sealed = key.map(|k| (k, self.bind, &bytes[b.offset..b.offset + BLOCK_HEADER_LEN]));
+            let cb = CurBlock::decode(b.header, stored, b.offset as u64, c, sealed)
+                .and_then(|cb| cb.follow(self.block.take()));
+            match cb {
+                Ok(cb) => {
+                    self.off = b.next;
+                    self.block = Some(cb);
+                }
+                Err(detail) => return damage(b.offset as u64, detail),
+            }
+        }
+    }
 }
 
 /// The largest decoded length a compressed block may claim (a damaged header never makes a
