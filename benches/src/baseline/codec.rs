@@ -186,7 +186,9 @@ mod tests {
         assert!(r.ratio() > 0.99, "random bytes do not: {}", r.ratio());
         // What was compressed decompresses to the block.
         let n = lz4_flex::block::compress_into(&rows[0], &mut out).expect("compress");
-        let back = lz4_flex::decompress(&out[..n], rows[0].len()).expect("decompress");
+        let mut back = vec![0u8; rows[0].len()];
+        let m = lz4_flex::decompress_into(&out[..n], &mut back).expect("decompress");
+        assert_eq!(m, rows[0].len());
         assert_eq!(back, rows[0]);
     }
 
