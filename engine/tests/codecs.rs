@@ -442,8 +442,12 @@ fn auto_compresses_as_the_roots_filesystem_fills(b: BackendKind) {
 /// On a slow device `Auto` compresses for time: the writer waits for the device, and the
 /// device time lz4's or zstd's saved bytes free pays for their CPU. The device runs at 50 MB/s
 /// (`scripts/slowdev.sh test`): this test's build compresses at about 330 MB/s with lz4 (its
-/// dependencies at opt-level 1), and at 100 MB/s one writer stored about half its blocks raw
-/// (133-143 of 277 in three quiet runs), at 50 MB/s 59-62. Before `22f3222`, a trial
+/// dependencies at opt-level 1). With the device's cost taken per byte written, a switch to a
+/// codec made the device seem to cost 47-57 ns per byte (the writer waited for the raw blocks
+/// queued before it), and short windows without a wait made it seem to cost 2.5: `Auto`
+/// swung between raw, lz4 and zstd and stored 85-125 of 277 blocks raw (CI failed on 125).
+/// Measured per byte the device completed, over windows longer than the queue, 28 raw in six
+/// runs (one with a busy loop beside it; with two, 96). Before `22f3222`, a trial
 /// that did not pay at one moment backed off as on incompressible data (up to 256 blocks), and
 /// on a 200 MB/s device `Auto` stored 215 of 274 lineitem blocks raw. The device is a loop
 /// filesystem whose writes `scripts/slowdev.sh` throttles, with this test in its cgroup:

@@ -55,10 +55,10 @@ pub(super) enum Fit {
 }
 
 impl Blocks {
-    pub(super) fn new(mode: Compression) -> Self {
+    pub(super) fn new(mode: Compression, queue_depth: usize) -> Self {
         Blocks {
             staging: None,
-            codec: CodecState::new(mode),
+            codec: CodecState::new(mode, queue_depth),
         }
     }
 

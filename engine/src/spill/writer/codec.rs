@@ -48,18 +48,24 @@ pub(crate) struct AutoPolicy {
     /// The space-pressure level of the last block: 0 (room to spare), 1 (from `SPACE_LOW`),
     /// 2 (from `SPACE_HIGH`).
     space_level: u8,
+    /// The current back-off is on compressible data at a moment the device was not the
+    /// writer's bottleneck: it ends as soon as the writer waits for the device again
+    /// ([`AutoPolicy::device_bound_again`]), the change that can make a codec pay.
+    retry_on_wait: bool,
 }
 
 /// What the writer's two stages cost, as `Auto` last measured them: the device, in wall time
 /// per physical byte while the writer waited for it (0 until the writer has waited: the device
 /// has not been its bottleneck), and the producer, in the writer's own time per logical byte
-/// without codec or waits (the copies, the framing, the caller's work between writes); and
-/// the time the writer waited per physical byte over the last window.
+/// without codec or waits (the copies, the framing, the caller's work between writes); the
+/// time the writer would have waited per logical byte over the last window had it stored its
+/// blocks raw; and whether the device was its bottleneck in that window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DeviceCost {
     pub(crate) device_ns_per_byte: f64,
     pub(crate) producer_ns_per_byte: f64,
     pub(crate) wait_ns_per_byte: f64,
+    pub(crate) device_bound: bool,
 }
 
 /// One codec's result on a sample: bytes out and nanoseconds taken (`None`: did not shrink).
@@ -72,6 +78,7 @@ impl AutoPolicy {
             sticky: Codec::Raw,
             backoff: 0,
             space_level: 0,
+            retry_on_wait: false,
         }
     }
 
@@ -129,8 +136,22 @@ impl AutoPolicy {
             self.backoff = 0;
             self.sticky = codec;
             self.skip = AUTO_KEEP;
+            self.retry_on_wait = false;
         }
         codec
+    }
+
+    /// The writer waits for the device again: a back-off taken while it did not (on
+    /// compressible data) ends, and the next block gets a trial at the new cost. Without it,
+    /// a writer on a 50 MB/s device whose first blocks filled an empty queue (no wait yet)
+    /// backed off 1 + 2 + ... + 16 blocks raw before its first lz4 block, and again after each
+    /// run of compressed blocks (the queue they left part-empty took the next raw blocks
+    /// without a wait): 102 of 276 lineitem blocks raw.
+    pub(crate) fn device_bound_again(&mut self) {
+        if self.retry_on_wait {
+            self.retry_on_wait = false;
+            self.skip = 0;
+        }
     }
 
     /// `Some(codec)` to use without a trial for this block, `None` to run a trial.
@@ -149,9 +170,9 @@ impl AutoPolicy {
     /// the difference. A writer the device never held back (device cost 0) gains nothing and
     /// stores raw; one that compresses until it is CPU-bound gains less than one that stays
     /// device-bound, and the stronger codec is taken only for [`TIME_STRONGER`] more gain.
-    /// The gain is also capped by the time the writer waited over the sample's bytes in the
-    /// last window: a writer that stopped waiting (its CPU is short: a loaded host) gains
-    /// nothing from writing less. (Without the cap, two writers on a loaded 2-core host kept
+    /// The gain is also capped by the time the writer would have waited over the sample's
+    /// bytes in the last window storing them raw: a writer that stopped waiting (its CPU is
+    /// short: a loaded host) gains nothing from writing less. (Without the cap, two writers on a loaded 2-core host kept
     /// zstd at 0.85-0.9x of raw's rate; with the cap alone, a writer that compressed with zstd
     /// stopped waiting and went raw, then waited and compressed again.)
     /// Raw on data a codec shrinks by a tenth backs off at most [`AUTO_MAX_NOT_NOW`] blocks;
@@ -179,8 +200,10 @@ impl AutoPolicy {
             t.is_some_and(|(out, _)| out as f64 <= sample as f64 * (1.0 - SPACE_SAVES[0]))
         };
         if best.0 == Codec::Raw && (shrank(lz4) || shrank(zstd)) {
-            // Compressible, but no codec pays at this cost, which changes: try again sooner.
+            // Compressible, but no codec pays at this cost, which changes: try again sooner,
+            // and at once when the writer waits for the device if it does not now.
             self.back_off(AUTO_MAX_NOT_NOW);
+            self.retry_on_wait = !cost.device_bound;
             return Codec::Raw;
         }
         self.keep(best.0)
@@ -207,6 +230,7 @@ impl AutoPolicy {
         self.backoff = (self.backoff * 2).clamp(1, max);
         self.skip = self.backoff;
         self.sticky = Codec::Raw;
+        self.retry_on_wait = false;
     }
 }
 
@@ -223,6 +247,11 @@ pub(super) struct CodecState {
     pub(super) sustained_ns_per_byte: f64,
     /// Waiting since the last block (added by `poll_inflight_below`).
     pub(super) waited_ns: u64,
+    /// The bytes the device had written for this writer when `poll_inflight_below` last
+    /// looked, and at the last block: their difference over a window is what the device did
+    /// in it.
+    pub(super) completed: u64,
+    completed_at_block: u64,
     /// When an async wait for writes in flight returned `Pending`.
     pub(super) pending_since: Option<Instant>,
     pub(super) last_block: Option<Instant>,
@@ -231,10 +260,14 @@ pub(super) struct CodecState {
     /// How full the open segment's root is of spills, read at its rotation
     /// (`Store::root_fill`): one of `Auto`'s space bounds.
     pub(super) root_fill: f64,
+    /// The writer's queue depth: a window of no more blocks than this, without waits, may
+    /// have gone into a queue that earlier (compressed) blocks left part-empty, so it says
+    /// nothing about the device ([`Window::take_into`]).
+    queue_depth: usize,
 }
 
 impl CodecState {
-    pub(super) fn new(mode: Compression) -> Self {
+    pub(super) fn new(mode: Compression, queue_depth: usize) -> Self {
         CodecState {
             mode,
             auto: AutoPolicy::new(),
@@ -243,14 +276,18 @@ impl CodecState {
                 device_ns_per_byte: 0.0,
                 producer_ns_per_byte: 0.0,
                 wait_ns_per_byte: 0.0,
+                device_bound: false,
             },
             window: Window::default(),
             sustained_ns_per_byte: 0.0,
             waited_ns: 0,
+            completed: 0,
+            completed_at_block: 0,
             pending_since: None,
             last_block: None,
             scratch: Vec::new(),
             root_fill: 0.0,
+            queue_depth,
         }
     }
 
@@ -258,12 +295,17 @@ impl CodecState {
     /// compressing it (and choosing its codec).
     pub(super) fn observe(&mut self, physical: usize, logical: usize, codec_ns: u64) {
         let now = Instant::now();
+        let done = self.completed.saturating_sub(self.completed_at_block);
+        self.completed_at_block = self.completed;
         if let Some(t) = self.last_block.replace(now)
             && physical > 0
         {
             let ns = now.duration_since(t).as_nanos() as u64;
             self.window
-                .add(ns, self.waited_ns, codec_ns, physical, logical);
+                .add(ns, self.waited_ns, codec_ns, (physical, logical), done);
+            if self.window.device_bound() {
+                self.auto.device_bound_again();
+            }
         }
         self.waited_ns = 0;
     }
@@ -271,7 +313,7 @@ impl CodecState {
     /// The costs `Auto` weighs a trial against, updated from the window since the last trial
     /// (then a new window starts).
     pub(super) fn cost(&mut self) -> DeviceCost {
-        self.sustained_ns_per_byte = self.window.take_into(&mut self.cost);
+        self.sustained_ns_per_byte = self.window.take_into(&mut self.cost, self.queue_depth);
         self.cost
     }
 
@@ -362,6 +404,9 @@ pub(super) struct Window {
     codec_ns: u64,
     physical: u64,
     logical: u64,
+    /// Bytes the device completed for the writer meanwhile.
+    completed: u64,
+    blocks: usize,
 }
 
 /// The share of a window's wall time spent waiting from which the device counts as the
@@ -369,32 +414,71 @@ pub(super) struct Window {
 const DEVICE_BOUND: f64 = 0.1;
 
 impl Window {
-    fn add(&mut self, ns: u64, wait_ns: u64, codec_ns: u64, physical: usize, logical: usize) {
+    /// Adds a block: the wall time since the last one, the waits and codec time in it, its
+    /// (physical, logical) bytes, and the bytes the device completed meanwhile.
+    fn add(&mut self, ns: u64, wait_ns: u64, codec_ns: u64, bytes: (usize, usize), done: u64) {
         self.ns += ns;
         self.wait_ns += wait_ns.min(ns);
         self.codec_ns += codec_ns;
-        self.physical += physical as u64;
-        self.logical += logical as u64;
+        self.physical += bytes.0 as u64;
+        self.logical += bytes.1 as u64;
+        self.completed += done;
+        self.blocks += 1;
+    }
+
+    /// The writer waited [`DEVICE_BOUND`] of the window's time or more.
+    fn device_bound(&self) -> bool {
+        self.blocks > 0 && self.wait_ns as f64 >= DEVICE_BOUND * self.ns as f64
     }
 
     /// Updates `cost` from the window, and starts a new one; returns the window's codec time
-    /// per logical byte (0 when empty). A window in which the writer waited [`DEVICE_BOUND`]
-    /// of its time measures the device; one in which it did not shows the device kept up with
-    /// the writer's output, so the device cost is at most that.
-    fn take_into(&mut self, cost: &mut DeviceCost) -> f64 {
+    /// per logical byte (0 when empty).
+    ///
+    /// A window in which the writer waited [`DEVICE_BOUND`] of its time measures the device:
+    /// its wall time per byte the device completed in it (per physical byte written, as
+    /// before, with no completion seen). The bytes written in it would overstate the device's
+    /// cost after a switch to a codec: the writer then waits for the raw blocks queued before
+    /// the switch while writing fewer bytes, and a 50 MB/s device (20 ns per byte) seemed to
+    /// cost 47-57 ns, enough for zstd to look faster than lz4.
+    /// A window of more than `queue_depth` blocks in which the writer did not wait shows the
+    /// device kept up, so the cost is at most that; a shorter one may have gone into a queue
+    /// its earlier blocks left part-empty, and leaves the cost as it was (one raw block after
+    /// a run of lz4 blocks went out without a wait: the device seemed to run at 400 MB/s).
+    ///
+    /// The wait is what the writer would have waited storing the window's blocks raw. For a
+    /// raw window, its waits, measured: a writer that stopped waiting (its CPU is short) gains
+    /// nothing from writing less. For a compressed one, what the device would have taken for
+    /// the logical bytes beyond the writer's own time (its waits measured, when more): a
+    /// codec that left the writer waiting less, or not at all, does not show that raw would
+    /// have waited less (measured alone, a writer that zstd made CPU-bound on a 50 MB/s
+    /// device went raw, at a third of the rate).
+    fn take_into(&mut self, cost: &mut DeviceCost, queue_depth: usize) -> f64 {
         let w = std::mem::take(self);
         if w.physical == 0 || w.logical == 0 {
             return 0.0;
         }
-        let wall = w.ns as f64 / w.physical as f64;
-        cost.device_ns_per_byte = if w.wait_ns as f64 >= DEVICE_BOUND * w.ns as f64 {
-            wall
+        let done = if w.completed > 0 {
+            w.completed
         } else {
-            cost.device_ns_per_byte.min(wall)
+            w.physical
         };
+        let wall = w.ns as f64 / done as f64;
+        let bound = w.device_bound();
+        if bound {
+            cost.device_ns_per_byte = wall;
+        } else if w.blocks > queue_depth {
+            cost.device_ns_per_byte = cost.device_ns_per_byte.min(wall);
+        }
+        cost.device_bound = bound;
         let own = w.ns.saturating_sub(w.wait_ns).saturating_sub(w.codec_ns);
         cost.producer_ns_per_byte = own as f64 / w.logical as f64;
-        cost.wait_ns_per_byte = w.wait_ns as f64 / w.physical as f64;
+        let raw_wait = if w.physical < w.logical {
+            let device = w.logical as f64 * cost.device_ns_per_byte;
+            (device - own as f64).max(w.wait_ns as f64)
+        } else {
+            w.wait_ns as f64
+        };
+        cost.wait_ns_per_byte = raw_wait / w.logical as f64;
         w.codec_ns as f64 / w.logical as f64
     }
 }

@@ -8,6 +8,7 @@ pub(super) fn bound(ns_per_byte: f64) -> DeviceCost {
         device_ns_per_byte: ns_per_byte,
         producer_ns_per_byte: 0.0,
         wait_ns_per_byte: ns_per_byte,
+        device_bound: true,
     }
 }
 
@@ -21,6 +22,7 @@ fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
         device_ns_per_byte: 0.0,
         producer_ns_per_byte: 100.0,
         wait_ns_per_byte: 0.0,
+        device_bound: false,
     };
     assert_eq!(
         p.choose(
@@ -37,6 +39,7 @@ fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
         device_ns_per_byte: 100.0,
         producer_ns_per_byte: 99.5,
         wait_ns_per_byte: 0.5,
+        device_bound: false,
     };
     // The device is 0.5 ns/byte slower than the producer: 32.8 us over 64 KiB. lz4 (20 us)
     // pays, zstd (200 us) makes the writer slower than the device by more than that.
@@ -167,47 +170,77 @@ fn auto_backs_off_exponentially_on_incompressible_data() {
 
 #[test]
 fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
-    let mut c = CodecState::new(Compression::Auto);
+    let mut c = CodecState::new(Compression::Auto, 2);
     assert_eq!(
         c.cost(),
-        tests::bound(0.0),
+        DeviceCost {
+            device_bound: false,
+            ..tests::bound(0.0)
+        },
         "the device is no bottleneck until seen"
     );
     // Three blocks of 1,000 physical bytes from 2,000 logical: 10 us each, waits of 0, 0
     // and 24 us (a burst, capped at its block's wall time), 3 us of codec in all. The
     // writer waited a third of the time: the device costs 10 ns per physical byte; the
-    // producer's own time is 30 - 10 - 3 = 17 us over 6,000 bytes.
+    // producer's own time is 30 - 10 - 3 = 17 us over 6,000 bytes. Stored raw, the writer
+    // would have waited its 10 us, its 3 us of codec, and 10 us for each of the 3,000
+    // bytes the codec saved: 43 us over 6,000 logical bytes.
     for wait in [0, 0, 24_000] {
-        c.window.add(10_000, wait, 1_000, 1000, 2000);
+        c.window.add(10_000, wait, 1_000, (1000, 2000), 1000);
     }
-    c.window.add(0, 0, 0, 0, 0);
     let got = c.cost();
+    assert!(got.device_bound);
     assert_eq!(got.device_ns_per_byte, 10.0);
-    assert!((got.wait_ns_per_byte - 10.0 / 3.0).abs() < 1e-9, "{got:?}");
+    assert!((got.wait_ns_per_byte - 43.0 / 6.0).abs() < 1e-9, "{got:?}");
     assert!(
         (got.producer_ns_per_byte - 17.0 / 6.0).abs() < 1e-9,
         "{got:?}"
     );
     // No block since: the same costs again.
     assert_eq!(c.cost(), got);
-    // A window with no waiting: the device kept up, so it costs at most the wall time per
-    // physical byte (4 here); a slower window without waits leaves it as it was.
-    c.window.add(4_000, 0, 0, 1000, 1000);
-    assert_eq!(c.cost().device_ns_per_byte, 4.0);
-    c.window.add(50_000, 1_000, 0, 1000, 1000);
-    assert_eq!(
-        c.cost().device_ns_per_byte,
-        4.0,
-        "waited 2%: not device-bound"
-    );
-    c.window.add(50_000, 10_000, 0, 1000, 1000);
+    // A window of more blocks than the queue holds (2), with no waiting: the device kept
+    // up, so it costs at most the wall time per physical byte (4 here); a slower window
+    // without waits leaves it as it was.
+    for _ in 0..3 {
+        c.window.add(4_000, 0, 0, (1000, 1000), 1000);
+    }
+    let got = c.cost();
+    assert_eq!(got.device_ns_per_byte, 4.0);
+    assert!(!got.device_bound);
+    assert_eq!(got.wait_ns_per_byte, 0.0);
+    for _ in 0..3 {
+        c.window.add(50_000, 1_000, 0, (1000, 1000), 1000);
+    }
+    let got = c.cost();
+    assert_eq!(got.device_ns_per_byte, 4.0, "waited 2%: not device-bound");
+    assert!((got.wait_ns_per_byte - 1.0).abs() < 1e-9, "{got:?}");
+    c.window.add(50_000, 10_000, 0, (1000, 1000), 1000);
     assert_eq!(
         c.cost().device_ns_per_byte,
         50.0,
         "waited 20%: device-bound"
     );
+    // Two quick blocks without a wait (no more than the queue holds): they may have gone into
+    // a queue earlier blocks left part-empty, and say nothing of the device.
+    for _ in 0..2 {
+        c.window.add(2_000, 0, 0, (1000, 1000), 1000);
+    }
+    assert_eq!(c.cost().device_ns_per_byte, 50.0);
+    // Just after a switch to a codec, the writer waits for the raw blocks queued before it:
+    // the device completes more bytes than the writer writes, and its cost is the wall time
+    // per byte it completed (10 us for 4,000 bytes), not per byte written (10 us for 1,000).
+    c.window.add(10_000, 5_000, 0, (1000, 2000), 4000);
+    let got = c.cost();
+    assert!(got.device_bound);
+    assert_eq!(got.device_ns_per_byte, 2.5);
+    // Compressed and CPU-bound (no wait): raw would have had the device take 2,000 bytes at
+    // 2.5 ns (5 us) beyond the writer's own 4 us: 1 us over 2,000 logical bytes.
+    c.window.add(10_000, 0, 6_000, (1000, 2000), 1000);
+    let got = c.cost();
+    assert!(!got.device_bound);
+    assert!((got.wait_ns_per_byte - 0.5).abs() < 1e-9, "{got:?}");
     // observe() feeds the window from the wall time between blocks and the waits counted.
-    let mut d = CodecState::new(Compression::Auto);
+    let mut d = CodecState::new(Compression::Auto, 2);
     d.observe(1000, 2000, 7);
     d.waited_ns = 5;
     d.observe(1000, 3000, 9);
@@ -230,6 +263,7 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
         device_ns_per_byte: 10.0,
         producer_ns_per_byte: 1.0,
         wait_ns_per_byte: 9.0,
+        device_bound: true,
     };
     assert_eq!(
         p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), cost),
@@ -250,6 +284,7 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
         device_ns_per_byte: 100.0,
         producer_ns_per_byte: 1.0,
         wait_ns_per_byte: 99.0,
+        device_bound: true,
     };
     assert_eq!(
         p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), slow),
@@ -260,6 +295,7 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
     while p.next_block().is_some() {}
     let stopped = DeviceCost {
         wait_ns_per_byte: 0.0,
+        device_bound: false,
         ..slow
     };
     assert_eq!(
@@ -310,11 +346,12 @@ fn compressible_data_that_does_not_pay_now_gets_trials_again_sooner() {
 
 #[test]
 fn a_kept_codecs_trial_costs_no_less_than_the_window_sustained() {
-    let mut c = CodecState::new(Compression::Auto);
+    let mut c = CodecState::new(Compression::Auto, 2);
     // Eight blocks with zstd kept: 8 MiB logical, 24 ms compressing (3 ns per byte, as a
     // writer sharing its CPU saw); its 64 KiB trial took 50 us in a burst.
     c.auto.keep(Codec::Zstd(1));
-    c.window.add(40_000_000, 0, 3 * (8 << 20), 2 << 20, 8 << 20);
+    c.window
+        .add(40_000_000, 0, 3 * (8 << 20), (2 << 20, 8 << 20), 2 << 20);
     c.cost();
     let z = c.sustained(Codec::Zstd(1), Some((18_000, 50_000)), 65536);
     assert_eq!(z, Some((18_000, 196_608)), "3 ns/byte over the sample");
@@ -334,4 +371,62 @@ fn a_kept_codecs_trial_costs_no_less_than_the_window_sustained() {
         c.sustained(Codec::Zstd(1), Some((18_000, 50_000)), 65536),
         Some((18_000, 50_000))
     );
+}
+
+#[test]
+fn a_back_off_taken_while_the_writer_did_not_wait_ends_when_it_waits() {
+    let mut c = CodecState::new(Compression::Auto, 8);
+    // The first trial: the writer has not waited (its queue is filling), lz4 halves the
+    // sample but frees no writer time. Raw, backing off.
+    let not_yet = c.cost();
+    assert!(!not_yet.device_bound);
+    assert_eq!(
+        c.auto.choose(65536, Some((32768, 20_000)), None, not_yet),
+        Codec::Raw
+    );
+    assert_eq!(c.auto.next_block(), Some(Codec::Raw));
+    for _ in 0..5 {
+        c.auto.choose(65536, Some((32768, 20_000)), None, not_yet);
+        while c.auto.next_block().is_some() {}
+    }
+    c.auto.choose(65536, Some((32768, 20_000)), None, not_yet);
+    assert_eq!(c.auto.backoff, AUTO_MAX_NOT_NOW);
+    // Blocks that did not wait keep the back-off; the first one after which the writer has
+    // waited a tenth of the window's time ends it: the next block gets a trial.
+    c.observe(1 << 20, 1 << 20, 0);
+    c.observe(1 << 20, 1 << 20, 0);
+    assert_eq!(c.auto.next_block(), Some(Codec::Raw));
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    c.waited_ns = 1_900_000;
+    c.observe(1 << 20, 1 << 20, 0);
+    assert_eq!(
+        c.auto.next_block(),
+        None,
+        "a trial, at the cost the wait measured"
+    );
+    let cost = c.cost();
+    assert!(
+        cost.device_bound && cost.device_ns_per_byte > 0.0,
+        "{cost:?}"
+    );
+
+    // A back-off taken while the writer waited (its CPU is short, not its device) is not
+    // ended by more waiting: the trials stay backed off.
+    let mut p = AutoPolicy::new();
+    let cpu_short = DeviceCost {
+        device_ns_per_byte: 1.0,
+        producer_ns_per_byte: 2.0,
+        wait_ns_per_byte: 0.2,
+        device_bound: true,
+    };
+    p.choose(65536, Some((32768, 200_000)), None, cpu_short);
+    p.choose(65536, Some((32768, 200_000)), None, cpu_short);
+    assert_eq!(p.backoff, 2);
+    p.device_bound_again();
+    assert_eq!(p.next_block(), Some(Codec::Raw));
+    // Nor one on incompressible data.
+    let mut q = AutoPolicy::new();
+    q.choose(65536, Some((64000, 20_000)), None, not_yet);
+    q.device_bound_again();
+    assert_eq!(q.next_block(), Some(Codec::Raw));
 }

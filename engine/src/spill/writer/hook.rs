@@ -295,6 +295,9 @@ pub(super) struct Tracker {
 #[derive(Default)]
 pub(super) struct TrackState {
     pub(super) inflight: usize,
+    /// Bytes the device has written for this writer so far: `Auto` measures the device's
+    /// rate from them ([`super::codec::CodecState::completed`]).
+    pub(super) completed: u64,
     /// First failure: the segment it hit and the OS error.
     pub(super) error: Option<(u32, io::Error)>,
     pub(super) waker: Option<Waker>,
@@ -317,10 +320,10 @@ impl Tracker {
         let waker = {
             let mut s = self.st.lock();
             s.inflight -= 1;
-            if let Err(e) = res
-                && s.error.is_none()
-            {
-                s.error = Some((token as u32, e));
+            match res {
+                Ok(n) => s.completed += n as u64,
+                Err(e) if s.error.is_none() => s.error = Some((token as u32, e)),
+                Err(_) => {}
             }
             s.waker.take()
         };

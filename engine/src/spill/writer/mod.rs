@@ -195,7 +195,7 @@ impl SpillWriter {
             bytes = tracing::field::Empty, outcome = tracing::field::Empty);
         Ok(SpillWriter {
             span,
-            blocks: Blocks::new(cfg.compression),
+            blocks: Blocks::new(cfg.compression, cfg.queue_depth),
             ctx: Ctx {
                 segment_size: cfg.segment_size,
                 direct: cfg.mode == WriteMode::Direct,

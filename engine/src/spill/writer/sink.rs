@@ -147,6 +147,7 @@ impl SpillWriter {
                 drop(s);
                 return Poll::Ready(Err(self.write_error(idx, e)));
             }
+            codec.completed = s.completed;
             if s.inflight < limit {
                 if let Some(t) = codec.pending_since.take() {
                     codec.waited(t);
