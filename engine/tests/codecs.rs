@@ -446,8 +446,9 @@ fn auto_compresses_as_the_roots_filesystem_fills(b: BackendKind) {
 /// codec made the device seem to cost 47-57 ns per byte (the writer waited for the raw blocks
 /// queued before it), and short windows without a wait made it seem to cost 2.5: `Auto`
 /// swung between raw, lz4 and zstd and stored 85-125 of 277 blocks raw (CI failed on 125).
-/// Measured per byte the device completed, over windows longer than the queue, 28 raw in six
-/// runs (one with a busy loop beside it; with two, 96). Before `22f3222`, a trial
+/// Measured per byte the device completed, over windows longer than the queue, with the
+/// raw-equivalent wait taken from that cost: 28 raw in each of three quiet runs, 28-69 beside
+/// two busy loops (the first 28 went out before the writer ever waited). Before `22f3222`, a trial
 /// that did not pay at one moment backed off as on incompressible data (up to 256 blocks), and
 /// on a 200 MB/s device `Auto` stored 215 of 274 lineitem blocks raw. The device is a loop
 /// filesystem whose writes `scripts/slowdev.sh` throttles, with this test in its cgroup:

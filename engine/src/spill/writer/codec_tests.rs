@@ -225,7 +225,13 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     for _ in 0..2 {
         c.window.add(2_000, 0, 0, (1000, 1000), 1000);
     }
-    assert_eq!(c.cost().device_ns_per_byte, 50.0);
+    let got = c.cost();
+    assert_eq!(got.device_ns_per_byte, 50.0);
+    // Nor do they show that the writer would not wait: raw, the device takes 50 ns for each
+    // of the 2,000 bytes, 100 us, beyond the writer's own 4 us (a writer on a loaded host
+    // whose queue took a few raw blocks without a wait went raw for 32 blocks on a 50 MB/s
+    // device, and for 1, 2, 4 and 8 after).
+    assert!((got.wait_ns_per_byte - 48.0).abs() < 1e-9, "{got:?}");
     // Just after a switch to a codec, the writer waits for the raw blocks queued before it:
     // the device completes more bytes than the writer writes, and its cost is the wall time
     // per byte it completed (10 us for 4,000 bytes), not per byte written (10 us for 1,000).
@@ -239,6 +245,14 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     let got = c.cost();
     assert!(!got.device_bound);
     assert!((got.wait_ns_per_byte - 0.5).abs() < 1e-9, "{got:?}");
+    // Raw and CPU-bound (a loaded host): its own 20 us per block is more than the device's
+    // 2.5 us, and it would wait no more than it did, not at all.
+    for _ in 0..3 {
+        c.window.add(20_000, 0, 0, (1000, 1000), 1000);
+    }
+    let got = c.cost();
+    assert_eq!(got.device_ns_per_byte, 2.5);
+    assert_eq!(got.wait_ns_per_byte, 0.0);
     // observe() feeds the window from the wall time between blocks and the waits counted.
     let mut d = CodecState::new(Compression::Auto, 2);
     d.observe(1000, 2000, 7);
