@@ -15,14 +15,14 @@ pub(super) const FILLS: usize = 2;
 /// A buffer's deferred work.
 #[derive(Default)]
 pub(crate) struct Fills {
-    copies: [Option<Copy>; FILLS],
+    copies: [Option<DeferredCopy>; FILLS],
     /// At most one block header to finish: a buffer holds the header of one large record
     /// (one that does not fit a buffer) in the common case; a second is sealed at once.
     seal: Option<SealLater>,
 }
 
 /// A deferred copy of `src[src_at..src_at + len]` to the buffer's offset `at`.
-struct Copy {
+struct DeferredCopy {
     src: Bytes,
     src_at: usize,
     /// Offset and length in the buffer (a buffer is smaller than 4 GiB: `io_buffer_size`).
@@ -44,7 +44,7 @@ impl Fills {
     pub(super) fn copy_later(&mut self, src: &Bytes, src_at: usize, at: usize, len: usize) -> bool {
         match self.copies.iter_mut().find(|f| f.is_none()) {
             Some(slot) if at + len <= u32::MAX as usize => {
-                *slot = Some(Copy {
+                *slot = Some(DeferredCopy {
                     src: src.clone(),
                     src_at,
                     at: at as u32,

@@ -50,13 +50,8 @@ impl SegmentCursor {
     ) -> std::result::Result<Option<Bytes>, Damage> {
         let damage = |offset: u64, detail| Err(Damage { offset, detail });
         loop {
-            if let Some(b) = self.block.as_mut() {
-                match b.next() {
-                    Ok(Some(rec)) => return Ok(Some(rec)),
-                    Ok(None) if b.assembling() => {}
-                    Ok(None) => self.block = None,
-                    Err(detail) => return damage(b.offset, detail),
-                }
+            if let Some(rec) = CurBlock::next_of(&mut self.block)? {
+                return Ok(Some(rec));
             }
             let bytes = &self.bytes;
             let found = block::block_at(bytes, self.off, self.end).and_then(|b| match b {
@@ -157,6 +152,30 @@ impl CurBlock {
             chunk: h.chunk,
             part: None,
         })
+    }
+
+    /// The next record of `block`, the block being handed out, if it has one left; a spent
+    /// block is dropped, unless it holds a chunked record still missing chunks (the next
+    /// block must then follow it). Damage at the block's offset.
+    pub(crate) fn next_of(
+        block: &mut Option<CurBlock>,
+    ) -> std::result::Result<Option<Bytes>, Damage> {
+        let Some(b) = block.as_mut() else {
+            return Ok(None);
+        };
+        match b.next() {
+            Ok(Some(rec)) => Ok(Some(rec)),
+            Ok(None) => {
+                if !b.assembling() {
+                    *block = None;
+                }
+                Ok(None)
+            }
+            Err(detail) => Err(Damage {
+                offset: b.offset,
+                detail,
+            }),
+        }
     }
 
     /// True while a chunked record is missing chunks: a segment that ends here is damaged.

@@ -152,16 +152,10 @@ impl SegmentReader {
 
     fn read_frame(&mut self) -> Result<Option<Bytes>> {
         loop {
-            if let Some(b) = self.block.as_mut() {
-                match b.next() {
-                    Ok(Some(rec)) => return Ok(Some(rec)),
-                    Ok(None) if b.assembling() => {}
-                    Ok(None) => self.block = None,
-                    Err(detail) => {
-                        let at = b.offset;
-                        return Err(corrupt(&self.path, self.header.segment, at, detail));
-                    }
-                }
+            match CurBlock::next_of(&mut self.block) {
+                Ok(Some(rec)) => return Ok(Some(rec)),
+                Ok(None) => {}
+                Err(d) => return Err(corrupt(&self.path, self.header.segment, d.offset, d.detail)),
             }
             if !self.read_block()? {
                 return Ok(None);

@@ -401,21 +401,25 @@ mod tests {
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         {
             let mut s = t.st.lock();
-            s.inflight = 3;
+            s.inflight = 4;
             s.waker = Some(Waker::from(woken.clone()));
         }
         t.complete(7, Ok(4096));
         {
             let s = t.st.lock();
-            assert_eq!(s.inflight, 2);
+            assert_eq!(s.inflight, 3);
+            assert_eq!(s.completed, 4096, "the device's bytes are counted");
             assert!(s.error.is_none(), "a success is no error");
             assert!(s.waker.is_none(), "the waker is taken");
         }
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "the writer is woken");
+        t.complete(10, Ok(1000));
+        assert_eq!(t.st.lock().completed, 5096, "and summed");
         t.complete(8, Err(io::Error::from_raw_os_error(libc::EIO)));
         t.complete(9, Err(io::Error::from_raw_os_error(libc::ENOSPC)));
         let s = t.st.lock();
         assert_eq!(s.inflight, 0);
+        assert_eq!(s.completed, 5096, "a failed write completes no bytes");
         let (token, e) = s.error.as_ref().unwrap();
         assert_eq!(
             (*token, e.raw_os_error()),
