@@ -24,11 +24,13 @@ pub enum Compression {
     /// - **Room to spare**: the codec that makes the writer fastest, from its measured costs:
     ///   a block takes the longer of the producer's time (plus the codec's) and the device's
     ///   for the bytes out. The device counts only once the writer has waited for it, so a
-    ///   writer the device never holds back stays raw; zstd needs 10% more gain than lz4.
+    ///   writer the device never holds back stays raw; its cost is the wall time per byte the
+    ///   device completed while the writer waited. zstd needs 10% more gain than lz4.
     ///
-    /// A choice is kept for 8 blocks. Raw on compressible data is tried again within 8 blocks;
-    /// on data no codec shrinks by a tenth, trials back off exponentially to 256 blocks. A
-    /// rise in space pressure ends a back-off.
+    /// A choice is kept for 8 blocks. When no codec pays, trials back off exponentially: to
+    /// 32 blocks on data a codec shrinks by a tenth (the device's cost changes), to 256 on
+    /// data none does. A rise in space pressure ends a back-off, and so does the writer
+    /// waiting for its device again after a back-off taken while it did not.
     Auto,
 }
 
