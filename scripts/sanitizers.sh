@@ -52,7 +52,7 @@
 #                       so it can take the other checkout's newer build as up to date.
 #   SAN_LOG_DIR         where logs and sanitizer reports go (default: a new /tmp dir)
 #   SAN_SHORT_TESTS     integration test binaries of the short run
-#                       (default "ownership abort cleanup races")
+#                       (default "ownership abort cleanup roots")
 #   SAN_MIRI_FILTERS    libtest filters of the Miri run (default "ledger:: segment::")
 #   SAN_MIRI_FULL_FILTERS  filters added with --full (default "io::gate::")
 #   SAN_EXTRA_RUSTFLAGS appended to the sanitizer RUSTFLAGS
@@ -86,7 +86,7 @@ jobs=${SAN_JOBS:-2}
 target_prefix=${SAN_TARGET_PREFIX:-$repo/target/san-}
 log_dir=${SAN_LOG_DIR:-$(mktemp -d /tmp/sanitizers.XXXXXX)}
 mkdir -p "$log_dir"
-read -r -a short_tests <<<"${SAN_SHORT_TESTS:-ownership abort cleanup races}"
+read -r -a short_tests <<<"${SAN_SHORT_TESTS:-ownership abort cleanup roots}"
 read -r -a miri_filters <<<"${SAN_MIRI_FILTERS:-ledger:: segment::}"
 if ((full)); then
   read -r -a more <<<"${SAN_MIRI_FULL_FILTERS:-io::gate::}"

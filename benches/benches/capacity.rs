@@ -8,7 +8,7 @@
 //! the cleanup worker's retry delay is an hour). Each failed delete turns the file's ticket into
 //! a name-only record in the cleanup worker's queue. The dhat baseline is taken after the engine,
 //! the task and its directory exist and a warm-up of 160 spills with working deletes ran (so the
-//! engine's bounded shelves are full), and before anything is allocated for the N tickets; the
+//! engine's bounded spare lists are full), and before anything is allocated for the N tickets; the
 //! figure is (heap live once all N records sit in the queue) − baseline, over N: everything the
 //! whole process still holds for them (ledger, records, queue, and anything else), not a sum of
 //! `size_of`s. At N = 65,536 one more write must fail with `LedgerFull`.
@@ -27,7 +27,7 @@ use spillring_benches::{
 static ALLOC: GatedDhat = GatedDhat;
 
 const CAPACITY: usize = 65_536;
-/// Spills before the baseline: enough to fill the engine's bounded shelves (see `measure`).
+/// Spills before the baseline: enough to fill the engine's bounded spare lists (see `measure`).
 const WARM_UP: usize = 160;
 
 /// One spill whose files end up waiting for deletion: the same calls an executor makes.
@@ -67,7 +67,7 @@ fn measure(n: usize, save_sites: bool) -> serde_json::Value {
     let task = engine.task("capacity").expect("task");
     let record = [0x5au8; 100];
     // Warm-up with working deletes: the task directory, the I/O thread's channel blocks, the
-    // staging buffers and the fd cache's kept shells (64 slots and 64 handles: a bounded,
+    // staging buffers and the fd cache's kept spares (64 slots and 64 handles: a bounded,
     // fixed amount, which 16 warm-up spills left two-thirds empty, so it was counted against
     // the tickets) exist before the baseline, as they would in a running engine.
     for _ in 0..WARM_UP {

@@ -14,50 +14,50 @@ use crate::metrics::Counters;
 use crate::store::Store;
 use crate::store::entry::SegmentEntry;
 
-/// Shells (per-cycle objects) of a kind each [`Shelf`] keeps at most.
-pub(crate) const SHELF_CAP: usize = 64;
+/// Spares (per-cycle objects) of a kind each [`SpareList`] keeps at most.
+pub(crate) const SPARES_CAP: usize = 64;
 
-/// A recycled shell of the spill layer, type-erased (the core layer does not name it).
-pub(crate) type Shell = Arc<dyn std::any::Any + Send + Sync>;
+/// A recycled spare of the spill layer, type-erased (the core layer does not name it).
+pub(crate) type Spare = Arc<dyn std::any::Any + Send + Sync>;
 
-/// A bounded free list of per-cycle shells (issue 10: a spill cycle allocates at most twice):
+/// A bounded free list of per-cycle spares (issue 10: a spill cycle allocates at most twice):
 /// a writer's shared state, a state's, the file list of a writer. `put` keeps at most
-/// [`SHELF_CAP`]; `close` (at shutdown) empties it and refuses later puts, so the shells'
+/// [`SPARES_CAP`]; `close` (at shutdown) empties it and refuses later puts, so the spares'
 /// references to the engine never keep it alive.
-pub(crate) struct Shelf<T> {
+pub(crate) struct SpareList<T> {
     items: parking_lot::Mutex<(bool, Vec<T>)>,
 }
 
-impl<T> Shelf<T> {
+impl<T> SpareList<T> {
     fn new() -> Self {
-        Shelf {
-            items: parking_lot::Mutex::new((false, Vec::with_capacity(SHELF_CAP))),
+        SpareList {
+            items: parking_lot::Mutex::new((false, Vec::with_capacity(SPARES_CAP))),
         }
     }
 
-    /// A kept shell, if there is one.
+    /// A kept spare, if there is one.
     pub(crate) fn take(&self) -> Option<T> {
         self.items.lock().1.pop()
     }
 
-    /// Keeps `t`; gives it back (for the caller to drop, outside the lock) when the shelf is
+    /// Keeps `t`; gives it back (for the caller to drop, outside the lock) when the spare list is
     /// full or closed.
     pub(crate) fn put(&self, t: T) -> std::result::Result<(), T> {
         let mut items = self.items.lock();
-        if items.0 || items.1.len() >= SHELF_CAP {
+        if items.0 || items.1.len() >= SPARES_CAP {
             return Err(t);
         }
         items.1.push(t);
         Ok(())
     }
 
-    /// Shells kept now.
+    /// Spares kept now.
     #[cfg(all(test, not(loom)))]
     pub(crate) fn len(&self) -> usize {
         self.items.lock().1.len()
     }
 
-    /// Empties the shelf for good (shutdown).
+    /// Empties the spare list for good (shutdown).
     fn close(&self) {
         let items = {
             let mut items = self.items.lock();
@@ -80,12 +80,12 @@ pub(crate) struct EngineShared {
     pub(crate) store: Store,
     /// Kept buffers for readers' small-segment `pread`s (bounded: see `io/readbuf.rs`).
     pub(crate) read_bufs: Arc<ReadBufs>,
-    /// Recycled writer shells (`spill/writer/hook.rs` `WriterShared`).
-    pub(crate) writer_shells: Shelf<Shell>,
-    /// Recycled state shells (`spill/grant.rs` `StateShared`).
-    pub(crate) state_shells: Shelf<Shell>,
+    /// Recycled writer spares (`spill/writer/hook.rs` `WriterShared`).
+    pub(crate) writer_spares: SpareList<Spare>,
+    /// Recycled state spares (`spill/grant.rs` `StateShared`).
+    pub(crate) state_spares: SpareList<Spare>,
     /// Empty file lists with room for a segment, for the next writer.
-    pub(crate) entry_lists: Shelf<Vec<SegmentEntry>>,
+    pub(crate) entry_lists: SpareList<Vec<SegmentEntry>>,
     /// The block key when `encryption(true)`: made at open, held only here, never written.
     pub(crate) key: Option<BlockKey>,
     /// Set once a shutdown began: admission of new tasks and writers stops.
@@ -113,9 +113,9 @@ impl EngineShared {
             key,
             fault: cfg.fault_plan.clone(),
             read_bufs: ReadBufs::new(cfg.read_buffer_max),
-            writer_shells: Shelf::new(),
-            state_shells: Shelf::new(),
-            entry_lists: Shelf::new(),
+            writer_spares: SpareList::new(),
+            state_spares: SpareList::new(),
+            entry_lists: SpareList::new(),
             cfg,
             id,
             counters: Counters::default(),
@@ -141,11 +141,11 @@ impl EngineShared {
         self.shut.swap(true, Ordering::AcqRel)
     }
 
-    /// Empties the shells' shelves for good (shutdown): a shell holds the core, and the
-    /// shelves are the core's.
-    pub(crate) fn close_shelves(&self) {
-        self.writer_shells.close();
-        self.state_shells.close();
+    /// Empties the spare lists for good (shutdown): a spare holds the core, and the
+    /// spare lists are the core's.
+    pub(crate) fn close_spare_lists(&self) {
+        self.writer_spares.close();
+        self.state_spares.close();
         self.entry_lists.close();
     }
 
@@ -190,17 +190,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_shelf_keeps_its_bound_and_nothing_once_closed() {
-        let shelf = Shelf::new();
-        for i in 0..SHELF_CAP {
-            assert!(shelf.put(i).is_ok());
+    fn a_spare_list_keeps_its_bound_and_nothing_once_closed() {
+        let spares = SpareList::new();
+        for i in 0..SPARES_CAP {
+            assert!(spares.put(i).is_ok());
         }
-        assert_eq!(shelf.put(SHELF_CAP), Err(SHELF_CAP), "full: given back");
-        assert_eq!(shelf.len(), SHELF_CAP);
-        assert_eq!(shelf.take(), Some(SHELF_CAP - 1));
-        shelf.close();
-        assert_eq!(shelf.len(), 0, "closing empties it");
-        assert_eq!(shelf.put(1), Err(1), "closed: refused");
-        assert_eq!(shelf.take(), None);
+        assert_eq!(spares.put(SPARES_CAP), Err(SPARES_CAP), "full: given back");
+        assert_eq!(spares.len(), SPARES_CAP);
+        assert_eq!(spares.take(), Some(SPARES_CAP - 1));
+        spares.close();
+        assert_eq!(spares.len(), 0, "closing empties it");
+        assert_eq!(spares.put(1), Err(1), "closed: refused");
+        assert_eq!(spares.take(), None);
     }
 }

@@ -7,7 +7,7 @@ use common::*;
 
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint, SpillError};
 
@@ -20,6 +20,8 @@ per_backend!(
     dropping_the_last_task_handle_aborts_its_writers,
     dropping_an_unfinished_writer_deletes_its_files,
     an_empty_writer_finishes_into_an_empty_state,
+    cancel_before_the_first_file_is_counted,
+    cancel_races_first_write,
 );
 
 const T: Duration = Duration::from_secs(10);
@@ -253,4 +255,100 @@ fn an_empty_writer_finishes_into_an_empty_state(b: BackendKind) {
     task.close();
     let m = assert_clean(&engine, dir.path());
     assert_eq!(m.segments_created, 0);
+}
+
+/// Defect 1: a cancel between the writer's abort check and the directory's file count. The
+/// scope saw no file and removed the directory; the writer then counted a file in a closed
+/// directory, its create failed with a bare NotFound, and the directory was removed a second
+/// time, which freed the slot of whichever task's directory held the index by then. A cleanup
+/// record of that task then resolved to a third task's directory and unlinked its live file.
+/// Since segments live flat in the process directory there is no task directory to remove or
+/// index to free; the test keeps the same schedule (cancel in the window, two more tasks, a
+/// failed delete) and its checks: the cancelled write ends in `Aborted`, and no other task's
+/// live file is touched.
+fn cancel_before_the_first_file_is_counted(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(11);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
+    let a = engine.task("a").unwrap();
+    let a_plan = FaultPlan::new(12);
+    a.set_fault_plan(a_plan.clone());
+    let pause = a_plan.pause_once(FaultPoint::WriterReserve);
+    let mut wa = a.writer().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let r = wa.write(Bytes::from(record(0, 1000)));
+        tx.send(r).unwrap();
+        wa
+    });
+    assert!(pause.wait_reached(T), "writer never reached the window");
+    a.cancel();
+    // The scope saw no file: its directory's removal runs now.
+    assert!(engine.settle(T));
+    // Task b takes the directory index a's removal freed.
+    let b_task = engine.task("b").unwrap();
+    let mut wb = b_task.writer().unwrap();
+    wb.write(Bytes::from(record(1, 1000))).unwrap();
+    pause.release();
+    let ra = rx.recv_timeout(T).expect("writer a did not return");
+    drop(h.join().unwrap());
+    assert!(
+        matches!(ra, Err(SpillError::Aborted)),
+        "a cancelled writer's first write must end in Aborted: {ra:?}"
+    );
+    // Task c gets the next free index (a's again, had it been freed twice).
+    let c = engine.task("c").unwrap();
+    let mut wc = c.writer().unwrap();
+    for i in 0..10 {
+        wc.write(Bytes::from(record(100 + i, 1000))).unwrap();
+    }
+    let sc = wc.finish().unwrap();
+    // b's delete fails once: its name goes to the cleanup worker, which must find b's file.
+    let sb = wb.finish().unwrap();
+    plan.fail_times(FaultPoint::IoUnlink, libc::EIO, 1);
+    drop(sb);
+    b_task.close();
+    assert!(engine.settle(T));
+    let mut r = sc.reader().unwrap();
+    for i in 0..10 {
+        let rec = r.next_record().expect("task c's live file was touched");
+        assert_eq!(rec.as_deref(), Some(&record(100 + i, 1000)[..]));
+    }
+    assert!(r.next_record().unwrap().is_none());
+    drop((r, sc));
+    c.close();
+    let m = assert_clean(&engine, dir.path());
+    assert_eq!(m.delete_failures, 1);
+}
+
+/// Defect 1 without an injected pause: many first writes racing a cancel from another thread
+/// end in `Ok` or `Aborted`, never anything else, and leave nothing behind.
+fn cancel_races_first_write(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), b);
+    let started = Instant::now();
+    let mut outcomes = [0usize; 2];
+    let mut i = 0u64;
+    while i < 400 || (started.elapsed() < Duration::from_secs(2) && i < 20_000) {
+        let task = engine.task("race").unwrap();
+        let mut w = task.writer().unwrap();
+        let t2 = task.clone();
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let g2 = go.clone();
+        let h = thread::spawn(move || {
+            g2.wait();
+            t2.cancel();
+        });
+        go.wait();
+        match w.write(Bytes::from(record(i, 100))) {
+            Ok(()) => outcomes[0] += 1,
+            Err(SpillError::Aborted) => outcomes[1] += 1,
+            Err(e) => panic!("iteration {i}: a write racing a cancel failed with {e:?}"),
+        }
+        h.join().unwrap();
+        drop(w);
+        i += 1;
+    }
+    eprintln!("{i} races: {} ok, {} aborted", outcomes[0], outcomes[1]);
+    assert_clean(&engine, dir.path());
 }

@@ -5,13 +5,18 @@
 mod common;
 use common::*;
 
+use std::sync::mpsc;
+use std::thread;
 use std::time::Duration;
 
 use spillring::{BackendKind, Bytes, Engine, FaultPlan, FaultPoint, SpillError};
 
+const T: Duration = Duration::from_secs(10);
+
 per_backend!(
     many_async_writers_on_a_multi_thread_runtime,
     cancel_wakes_an_async_writer_waiting_for_budget,
+    a_panicking_waker_does_not_kill_the_io_thread,
 );
 
 fn many_async_writers_on_a_multi_thread_runtime(b: BackendKind) {
@@ -103,5 +108,62 @@ fn cancel_wakes_an_async_writer_waiting_for_budget(b: BackendKind) {
     });
     assert!(matches!(err, SpillError::Aborted), "{err}");
     drop(rt);
+    assert_clean(&engine, dir.path());
+}
+
+/// A waker that panics when woken, as a buggy host's might.
+struct PanickingWaker;
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        panic!("host waker panicked");
+    }
+}
+
+/// Found by reading: a panic in a completion handler on an I/O thread (a host's waker, a debug
+/// assertion) killed the thread, dropping its in-flight ops without completing them: every
+/// writer of the engine then waited forever. The thread now survives such a panic.
+fn a_panicking_waker_does_not_kill_the_io_thread(b: BackendKind) {
+    use std::future::Future;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(41);
+    let engine = Engine::open(cfg(dir.path(), b).queue_depth(1).fault_plan(plan.clone())).unwrap();
+    let task = engine.task("waker").unwrap();
+    let mut w = task.writer().unwrap();
+    let pause = plan.pause_once(FaultPoint::IoWrite);
+    // A 64 KiB staging buffer: this record fills one, which goes to the I/O thread and stops
+    // there (paused): the writer's one in-flight slot is taken.
+    w.write(Bytes::from(record(0, 70 << 10))).unwrap();
+    assert!(pause.wait_reached(T));
+    let waker = std::task::Waker::from(std::sync::Arc::new(PanickingWaker));
+    let mut cx = std::task::Context::from_waker(&waker);
+    {
+        let mut fut = Box::pin(w.write_async(Bytes::from(record(1, 70 << 10))));
+        assert!(
+            fut.as_mut().poll(&mut cx).is_pending(),
+            "the write must wait for the in-flight slot"
+        );
+        // The write completes on the I/O thread, which wakes the panicking waker.
+        pause.release();
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(w); // poisoned by the dropped future; deletes its files
+    // The engine's I/O thread still serves other writers.
+    let (tx, rx) = mpsc::channel();
+    let t2 = task.clone();
+    thread::spawn(move || {
+        let r = (|| {
+            let mut w2 = t2.writer()?;
+            w2.write(Bytes::from(record(2, 200 << 10)))?;
+            let s = w2.finish()?;
+            let rec = s.reader()?.next_record()?;
+            Ok::<_, SpillError>(rec.map(|r| r.len()))
+        })();
+        let _ = tx.send(r);
+    });
+    let r = rx
+        .recv_timeout(T)
+        .expect("the I/O thread died with the panic: a later spill never completed");
+    assert_eq!(r.unwrap(), Some(200 << 10));
+    drop(task);
     assert_clean(&engine, dir.path());
 }

@@ -31,6 +31,7 @@ per_backend!(
     a_cancel_during_a_failing_publish_deletes_the_files,
     a_cancel_during_a_publish_that_succeeds_leaves_the_files_to_the_caller,
     bad_destinations_and_prefixes_change_nothing,
+    reader_during_a_publish_that_rolls_back,
 );
 
 const T: Duration = Duration::from_secs(10);
@@ -691,4 +692,52 @@ fn crc32c_of(data: &[u8]) -> u32 {
         }
     }
     !crc
+}
+
+/// Found by reading: `publish` marked the state's files released while it renamed them, so a
+/// `reader()` on the same state got `Aborted` though nothing aborted, even when the publish
+/// then rolled back. A reader now waits for the publish to end and reads on after a rollback.
+fn reader_during_a_publish_that_rolls_back(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    // The first destination name is taken: the publish moves nothing and rolls back.
+    std::fs::write(dest.path().join("out-000000.bin"), b"taken").unwrap();
+    let plan = FaultPlan::new(31);
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
+    let task = engine.task("publish").unwrap();
+    let mut w = task.writer().unwrap();
+    for i in 0..20 {
+        w.write(Bytes::from(record(i, 1000))).unwrap();
+    }
+    let state = std::sync::Arc::new(w.finish().unwrap());
+    let pause = plan.pause_once(FaultPoint::StatePublish);
+    let s2 = state.clone();
+    let dest_path = dest.path().to_path_buf();
+    let publisher = thread::spawn(move || s2.publish(&dest_path, "out"));
+    assert!(pause.wait_reached(T));
+    let s3 = state.clone();
+    let reader = thread::spawn(move || {
+        let mut r = s3.reader()?;
+        let mut n = 0;
+        while let Some(rec) = r.next_record()? {
+            assert_eq!(rec, record(n, 1000));
+            n += 1;
+        }
+        Ok::<u64, SpillError>(n)
+    });
+    thread::sleep(Duration::from_millis(50));
+    pause.release();
+    let published = publisher.join().unwrap();
+    assert!(
+        matches!(&published, Err(SpillError::PublishFailed { .. })),
+        "the taken name fails the publish: {published:?}"
+    );
+    let read = reader.join().unwrap();
+    assert!(
+        matches!(read, Ok(20)),
+        "a reader during a publish that rolled back must read the state: {read:?}"
+    );
+    drop(state);
+    drop(task);
+    assert_clean(&engine, dir.path());
 }

@@ -5,7 +5,10 @@
 mod common;
 use common::*;
 
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
 
 use spillring::{BackendKind, Bytes, Engine, SpillError, proc_dir_name};
 
@@ -334,4 +337,76 @@ fn the_skip_warning_is_printed_only_when_another_root_works(b: BackendKind) {
     assert_eq!(logs.matches("skips it").count(), 1, "{logs}");
     assert!(logs.contains(&*ro.to_string_lossy()), "{logs}");
     drop(engine);
+}
+
+/// Defect 4: engines opening together on one root. Another engine's sweep could lock and
+/// rename our new process directory between our mkdir and our open of it; the ENOENT was
+/// returned instead of retried with a fresh name.
+#[test]
+fn engines_opening_together_on_one_root_all_open() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let root = root.clone();
+            thread::spawn(move || {
+                let (mut opened, mut failed) = (0u64, Vec::new());
+                while Instant::now() < deadline {
+                    match Engine::open(cfg(&root, BackendKind::Psync).ring_threads(1)) {
+                        Ok(e) => {
+                            opened += 1;
+                            drop(e);
+                        }
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (opened, failed)
+            })
+        })
+        .collect();
+    let mut opened = 0;
+    let mut failed = Vec::new();
+    for t in threads {
+        let (o, f) = t.join().unwrap();
+        opened += o;
+        failed.extend(f);
+    }
+    eprintln!("{opened} opens, {} failed", failed.len());
+    assert!(opened > 100, "only {opened} opens in 3 s");
+    assert!(
+        failed.is_empty(),
+        "{} of {} opens failed, first: {}",
+        failed.len(),
+        opened + failed.len() as u64,
+        failed[0]
+    );
+    // Whatever the engines left is swept by the next one.
+    let last = open(&root, BackendKind::Psync);
+    assert!(last.settle(T));
+    assert_clean(&last, &root);
+}
+
+/// Found by fuzzing (config, fuzz/regressions/config/failed-open-leaves-process-dir): an open
+/// whose second root cannot be made failed as it should, but left the first root's new
+/// process directory behind.
+#[test]
+fn a_failed_open_leaves_no_process_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("r0");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let err = Engine::open(
+        spillring::EngineConfig::new(&good)
+            .add_root(file.join("sub"))
+            .backend(BackendKind::Psync),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, SpillError::RootNotADirectory { path, .. } if *path == file.join("sub")),
+        "{err}"
+    );
+    // The open created the missing first root: it removed that too.
+    assert!(!good.exists(), "a failed open left {good:?}");
 }

@@ -35,8 +35,8 @@ impl EngineInner {
         // The pooled files go the way of every other file, and so do the files of a state
         // released from now on.
         crate::cleanup::close_pool(core);
-        // The recycled shells hold the core: they go now, and none is kept from now on.
-        core.close_shelves();
+        // The recycled spares hold the core: they go now, and none is kept from now on.
+        core.close_spare_lists();
         // An offload job (an async call's rotation whose future was dropped) may hold a file
         // the cleanup queue does not know of yet: wait for the jobs too, as `Engine::settle`
         // does. A job queues its deletes before it counts itself ended, so this order of the

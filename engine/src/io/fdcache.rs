@@ -6,7 +6,7 @@
 //! held by the fd's [`FileHandle`] until it drops (the count is the number of counted
 //! handles alive, in a writer's [`CachedFile`] or in ops in flight). A writer keeps its fd in
 //! a [`CachedFile`]: a slot the cache may empty when the fd is idle (no op holds it), and that
-//! the writer refills by reopening its segment by name when it next submits a write.
+//! the writer fills again by reopening its segment by name when it next submits a write.
 //!
 //! - **Hot path**: [`CachedFile::get`] takes the slot's own (uncontended) lock, clones the
 //!   handle and marks it referenced: no syscall, no engine-wide lock.
@@ -54,8 +54,8 @@ pub(crate) struct FdCache {
     /// Slots of dropped `CachedFile`s kept for the next `install` (at most [`SPARE_SLOTS`]):
     /// a writer's segment takes no allocation for its slot in steady state.
     spare: Mutex<Vec<Arc<Slot>>>,
-    /// Emptied fd handles of dropped `CachedFile`s (at most [`SPARE_SLOTS`]), refilled by the
-    /// next `fill` (`FileHandle::hollow`, `FileHandle::refill`).
+    /// Emptied fd handles of dropped `CachedFile`s (at most [`SPARE_SLOTS`]), reused by the
+    /// next `fill` (`FileHandle::into_spare`, `FileHandle::from_spare`).
     spare_handles: Mutex<Vec<Arc<FileHandle>>>,
 }
 
@@ -334,11 +334,11 @@ impl CachedFile {
         self.slot.cached.load(Ordering::Acquire)
     }
 
-    /// Refills the slot with a reopened `fd` (taken under `permit`) and returns it.
+    /// Fills the slot again with a reopened `fd` (taken under `permit`) and returns it.
     pub(crate) fn fill(&self, fd: OwnedFd, permit: FdPermit, reaper: Reaper) -> Arc<FileHandle> {
         let spare = self.cache.spare_handles.lock().pop();
         let h = match spare {
-            Some(shell) => FileHandle::refill(shell, fd, reaper, permit),
+            Some(spare) => FileHandle::from_spare(spare, fd, reaper, permit),
             None => FileHandle::counted(fd, reaper, permit),
         };
         let mut c = self.cache.clock.lock();
@@ -365,10 +365,10 @@ impl Drop for CachedFile {
         };
         // Ops in flight keep their own references; the fd closes (on the reaper) with the last.
         // If none does, it closes now (on the reaper) and the emptied handle is kept.
-        if let Some(shell) = h.and_then(FileHandle::hollow) {
+        if let Some(emptied) = h.and_then(FileHandle::into_spare) {
             let mut spare = self.cache.spare_handles.lock();
             if spare.len() < SPARE_SLOTS {
-                spare.push(shell);
+                spare.push(emptied);
             }
         }
         // Out of the clock, nobody else can get a reference to the slot: if this is the only
@@ -484,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refilled_slot_is_counted_once() {
+    fn a_reused_slot_is_counted_once() {
         let cache = FdCache::new(4);
         let a = cached(&cache);
         assert!(a.is_cached());
@@ -495,7 +495,7 @@ mod tests {
         let p = cache.permit();
         let h = a.fill(devnull(), p, Reaper::inline());
         assert_eq!(cache.open_count(), 1);
-        assert!(Arc::ptr_eq(&h, &a.get().expect("refilled")));
+        assert!(Arc::ptr_eq(&h, &a.get().expect("reused")));
         assert!(a.is_cached());
         drop(h);
         assert_eq!(cache.clock.lock().slots.len(), 1);

@@ -51,9 +51,9 @@ impl FileHandle {
     }
 
     /// Empties `h` if nobody else holds it: its fd goes to the reaper (with its permit) as
-    /// in its drop, and the empty handle comes back for [`FileHandle::refill`], so the next
+    /// in its drop, and the empty handle comes back for [`FileHandle::from_spare`], so the next
     /// segment fd takes no allocation. `None` (and `h` dropped as usual) if others hold it.
-    pub(crate) fn hollow(mut h: Arc<Self>) -> Option<Arc<Self>> {
+    pub(crate) fn into_spare(mut h: Arc<Self>) -> Option<Arc<Self>> {
         let inner = Arc::get_mut(&mut h)?;
         if let Some(fd) = inner.fd.take() {
             inner.reaper.reap(Reaped::Fd(fd, inner.permit.take()));
@@ -61,20 +61,20 @@ impl FileHandle {
         Some(h)
     }
 
-    /// [`FileHandle::counted`] in `shell`, an empty handle from [`FileHandle::hollow`].
-    pub(crate) fn refill(
-        mut shell: Arc<Self>,
+    /// [`FileHandle::counted`] in `spare`, an empty handle from [`FileHandle::into_spare`].
+    pub(crate) fn from_spare(
+        mut spare: Arc<Self>,
         fd: OwnedFd,
         reaper: Reaper,
         mut permit: FdPermit,
     ) -> Arc<Self> {
-        match Arc::get_mut(&mut shell) {
+        match Arc::get_mut(&mut spare) {
             Some(h) if h.fd.is_none() => {
                 permit.set_live();
                 h.fd = Some(fd);
                 h.reaper = reaper;
                 h.permit = Some(permit);
-                shell
+                spare
             }
             _ => Self::counted(fd, reaper, permit),
         }
@@ -188,7 +188,7 @@ pub(crate) enum OpKind {
     /// [`OpSlot`]): an I/O thread runs what it finds there ([`Op::resolve`]); a claim's
     /// outcome, if it never runs (abandoned, refused), is the op's ([`Op::complete`]). A
     /// claim never reaches its own sink.
-    Claim(Arc<OpSlot>),
+    InSlot(Arc<OpSlot>),
 }
 
 /// One op its submitter may take back before an I/O thread starts it: a blocking `finish`
@@ -240,7 +240,7 @@ impl Op {
 
     fn fault_point(&self) -> FaultPoint {
         match &self.kind {
-            OpKind::Write { .. } | OpKind::Claim(_) => FaultPoint::IoWrite,
+            OpKind::Write { .. } | OpKind::InSlot(_) => FaultPoint::IoWrite,
             OpKind::Unlink { point, .. } => *point,
         }
     }
@@ -249,7 +249,7 @@ impl Op {
     /// took it back; the claim then ends here, unreported).
     pub(crate) fn resolve(self) -> Option<Op> {
         match &self.kind {
-            OpKind::Claim(slot) => slot.take(),
+            OpKind::InSlot(slot) => slot.take(),
             _ => Some(self),
         }
     }
@@ -260,7 +260,7 @@ impl Op {
     /// otherwise wait forever. Sinks update their own state before anything that can panic
     /// (a writer's in-flight count before its waker), so their waiters still see the outcome.
     pub(crate) fn complete(self, res: io::Result<usize>) {
-        if let OpKind::Claim(slot) = &self.kind {
+        if let OpKind::InSlot(slot) = &self.kind {
             // A claim that never ran (abandoned at a deadline, refused by a closed lane):
             // the op in its slot, if its submitter did not take it back, ends the same way.
             if let Some(op) = slot.take() {
@@ -301,7 +301,7 @@ pub(crate) fn injected(plan: &Option<Arc<FaultPlan>>, op: &Op) -> Injected {
 pub(crate) fn skip_len(kind: &OpKind) -> usize {
     match kind {
         OpKind::Write { data, .. } => data.len(),
-        OpKind::Unlink { .. } | OpKind::Claim(_) => 0,
+        OpKind::Unlink { .. } | OpKind::InSlot(_) => 0,
     }
 }
 
@@ -382,7 +382,7 @@ mod claim_tests {
 
     fn claim_of(slot: &Arc<OpSlot>, sink: &Arc<Outcomes>) -> Op {
         Op {
-            kind: OpKind::Claim(slot.clone()),
+            kind: OpKind::InSlot(slot.clone()),
             sink: sink.clone(),
             token: 0,
         }

@@ -82,6 +82,6 @@ pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
             dir, name, rmdir, ..
         } => crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), *rmdir).map(|()| 0),
         // Resolved before it runs (`Op::resolve`): never executed itself.
-        OpKind::Claim(_) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        OpKind::InSlot(_) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
     }
 }

@@ -195,7 +195,7 @@ pub(crate) struct StateShared {
     core: Arc<EngineShared>,
     /// The scope the state is registered with (its backstop), and its id there. Changed only
     /// by [`StateShared::move_to`]; the lock orders a move against an unregistration. `None`
-    /// only while the shell is kept for reuse (see [`StateShared::shelve`]), when no handle
+    /// only while the spare is kept for reuse (see [`StateShared::keep_spare`]), when no handle
     /// can reach it.
     scope: parking_lot::Mutex<Option<Arc<TaskShared>>>,
     /// The I/O lane the state's deletes go to (its writer's).
@@ -359,15 +359,15 @@ impl StateShared {
         }
     }
 
-    /// [`StateShared::new`] in a recycled shell (`core.state_shells`) if there is one.
+    /// [`StateShared::new`] in a recycled spare (`core.state_spares`) if there is one.
     pub(crate) fn make(
         task: Arc<TaskShared>,
         lane: usize,
         entries: Vec<SegmentEntry>,
         counts: (u64, u64),
     ) -> Arc<Self> {
-        if let Some(shell) = task.core().state_shells.take()
-            && let Ok(mut inner) = shell.downcast::<StateShared>()
+        if let Some(spare) = task.core().state_spares.take()
+            && let Ok(mut inner) = spare.downcast::<StateShared>()
             && let Some(s) = Arc::get_mut(&mut inner)
         {
             let maps = s.maps.take();
@@ -389,9 +389,9 @@ impl StateShared {
     }
 
     /// The last handle is going: if nobody else holds the state (its files went: released,
-    /// closed or published, and it left its scope's registry), the shell is kept for the next
+    /// closed or published, and it left its scope's registry), the spare is kept for the next
     /// state, holding neither a scope nor files.
-    fn shelve(this: &mut Arc<Self>) {
+    fn keep_spare(this: &mut Arc<Self>) {
         if Arc::weak_count(this) != 0 {
             return;
         }
@@ -400,11 +400,11 @@ impl StateShared {
             return;
         }
         let scope = s.scope.get_mut().take();
-        // The span ends with the state, not when the shell is reused.
+        // The span ends with the state, not when the spare is reused.
         s.span = tracing::Span::none();
-        let shell: crate::shared::Shell = this.clone();
-        // A full or closed shelf gives the clone back; it drops here.
-        let _ = this.core.state_shells.put(shell);
+        let spare: crate::shared::Spare = this.clone();
+        // A full or closed spare list gives the clone back; it drops here.
+        let _ = this.core.state_spares.put(spare);
         drop(scope);
     }
 
@@ -470,7 +470,7 @@ pub(crate) struct Grant(pub(crate) Arc<StateShared>);
 impl Drop for Grant {
     fn drop(&mut self) {
         self.0.release();
-        StateShared::shelve(&mut self.0);
+        StateShared::keep_spare(&mut self.0);
     }
 }
 

@@ -374,7 +374,7 @@ impl Ring {
                 .flags(if *rmdir { libc::AT_REMOVEDIR } else { 0 })
                 .build(),
             // Resolved in `start`: a claim never takes a slot.
-            OpKind::Claim(_) => opcode::Nop::new().build(),
+            OpKind::InSlot(_) => opcode::Nop::new().build(),
         }
         .user_data(idx as u64);
         if let Err(e) = self.push(&entry) {
@@ -429,7 +429,7 @@ impl Ring {
                     }
                 }
             }
-            OpKind::Unlink { .. } | OpKind::Claim(_) => self.finish(idx, cqe_result(res)),
+            OpKind::Unlink { .. } | OpKind::InSlot(_) => self.finish(idx, cqe_result(res)),
         }
     }
 

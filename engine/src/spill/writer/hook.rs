@@ -151,11 +151,11 @@ pub(super) struct WriterShared {
     lane: usize,
     pub(super) files: AbortableFiles<SegmentEntry>,
     /// The writes in flight. The ops' completion sink: an I/O thread holds it (not the whole
-    /// shell) until it dropped a completed op, so the shell can be recycled the moment the
+    /// spare) until it dropped a completed op, so the spare can be recycled the moment the
     /// writer is done, and the tracker with it once nothing is in flight.
     pub(super) tracker: Arc<Tracker>,
     /// The write a blocking `finish` may take back while it is still queued (see
-    /// `io::OpSlot`); kept with the shell like the tracker.
+    /// `io::OpSlot`); kept with the spare like the tracker.
     pub(super) claim: Arc<OpSlot>,
     /// Bytes handed to writes in the open segment (its length so far), for the scope's
     /// usage: the open segment counts what it holds, not the whole segment its ticket
@@ -164,15 +164,15 @@ pub(super) struct WriterShared {
 }
 
 impl WriterShared {
-    /// A writer's shared part on `lane`: a recycled one (from `core.writer_shells`) if there
+    /// A writer's shared part on `lane`: a recycled one (from `core.writer_spares`) if there
     /// is one, else a new one; its file list has room for one segment when a recycled list
     /// (`core.entry_lists`) is there.
     pub(super) fn make(core: &Arc<EngineShared>, lane: usize) -> Arc<Self> {
-        if let Some(shell) = core.writer_shells.take()
-            && let Ok(mut shared) = shell.downcast::<WriterShared>()
+        if let Some(spare) = core.writer_spares.take()
+            && let Ok(mut shared) = spare.downcast::<WriterShared>()
             && let Some(w) = Arc::get_mut(&mut shared)
         {
-            // Shelved as new (see `shelve`): only the lane is the new writer's.
+            // Kept as new (see `keep_spare`): only the lane is the new writer's.
             w.lane = lane;
             return shared;
         }
@@ -204,7 +204,7 @@ impl WriterShared {
     /// The writer is done with `this` (its files handed off, deleted or taken by the hook):
     /// if nobody else holds it (no op in flight, no registry entry), it is reset as new and
     /// kept for the next writer. A list still holding files is never reset.
-    pub(super) fn shelve(this: &mut Arc<Self>) {
+    pub(super) fn keep_spare(this: &mut Arc<Self>) {
         if Arc::weak_count(this) != 0 {
             return;
         }
@@ -216,7 +216,7 @@ impl WriterShared {
         // With nothing in flight the tracker is reset and kept: an I/O thread may still hold
         // it for a moment, only to drop it (a completion's last steps, `notify_all` and the
         // waker it took, touch no state the reset clears). With writes still in flight (a
-        // writer dropped mid-write) they will complete into it: the shell gets a new one.
+        // writer dropped mid-write) they will complete into it: the spare gets a new one.
         let tracker = {
             let mut st = w.tracker.st.lock();
             if st.inflight == 0 {
@@ -232,9 +232,9 @@ impl WriterShared {
         // queued runs it; the next writer's claims go past a full slot.
         let claim = w.claim.clone();
         *w = WriterShared::fresh(core, w.lane, tracker, claim);
-        let shell: crate::shared::Shell = this.clone();
-        // A full or closed shelf gives the clone back; it drops here.
-        let _ = this.core.writer_shells.put(shell);
+        let spare: crate::shared::Spare = this.clone();
+        // A full or closed spare list gives the clone back; it drops here.
+        let _ = this.core.writer_spares.put(spare);
     }
 }
 

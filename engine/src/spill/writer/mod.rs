@@ -63,7 +63,7 @@ pub use slot::RecordSlot;
 
 use block::Blocks;
 use hook::{Tracker, WriterShared};
-use place::Placing;
+use place::PendingRecord;
 use sink::OpenSegment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +231,7 @@ impl SpillWriter {
     fn write_untimed(&mut self, record: Bytes) -> Result<()> {
         let mut p = self.begin(record)?;
         let r = drive(|w| self.place(&mut p, w));
-        self.settle(r)
+        self.conclude(r)
     }
 
     /// Copies `record` and queues it, like [`SpillWriter::write`], for callers holding a slice.
@@ -250,7 +250,7 @@ impl SpillWriter {
         self.check_open()?;
         check_len(record.len())?;
         let r = self.place_slice(record);
-        self.settle(r)
+        self.conclude(r)
     }
 
     /// The async form of [`SpillWriter::write`]: waits for in-flight budget without blocking
@@ -265,7 +265,7 @@ impl SpillWriter {
         let r = self
             .run_async(Some(len), |w, wait| w.place(&mut p, wait))
             .await;
-        let r = self.settle_async(r).await;
+        let r = self.conclude_async(r).await;
         self.ctx.core.counters.latency.write.record_since(started);
         r
     }
@@ -284,7 +284,7 @@ impl SpillWriter {
 
     fn finish_sealed(mut self) -> Result<SpilledState> {
         let r = drive(|w| self.poll_finished(w, &mut false));
-        self.settle(r)?;
+        self.conclude(r)?;
         self.hand_off()
     }
 
@@ -304,7 +304,7 @@ impl SpillWriter {
         let r = self
             .run_async(None, |w, wait| w.poll_finished(wait, &mut trimmed))
             .await;
-        self.settle_async(r).await?;
+        self.conclude_async(r).await?;
         self.hand_off()
     }
 
@@ -402,16 +402,16 @@ impl SpillWriter {
         Ok(())
     }
 
-    fn begin(&mut self, rec: Bytes) -> Result<Placing> {
+    fn begin(&mut self, rec: Bytes) -> Result<PendingRecord> {
         self.check_open()?;
         check_len(rec.len())?;
         let vectored = !self.ctx.direct && rec.len() >= self.ctx.large;
-        Ok(Placing::new(rec, vectored))
+        Ok(PendingRecord::new(rec, vectored))
     }
 
     /// [`SpillWriter::route`]; after a `StorageFull` failure, waits (bounded) until the
     /// writer's files are deleted and closed, so their space is back when the error returns.
-    fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
+    fn conclude<T>(&mut self, r: Result<T>) -> Result<T> {
         let (r, freeing) = self.route(r);
         if let Some(mark) = freeing {
             space_back(&self.ctx.core, &self.ctx.shared.tracker, mark);
@@ -419,9 +419,9 @@ impl SpillWriter {
         r
     }
 
-    /// [`SpillWriter::settle`] for an async call: the wait runs on the offload pool. It is not
+    /// [`SpillWriter::conclude`] for an async call: the wait runs on the offload pool. It is not
     /// a writer step (`step.rs`): the writer has failed, and nothing comes back to apply.
-    async fn settle_async<T>(&mut self, r: Result<T>) -> Result<T> {
+    async fn conclude_async<T>(&mut self, r: Result<T>) -> Result<T> {
         let (r, freeing) = self.route(r);
         if let Some(mark) = freeing {
             let core = self.ctx.core.clone();
@@ -572,6 +572,6 @@ impl Drop for SpillWriter {
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
         self.seg = None;
-        WriterShared::shelve(&mut self.ctx.shared);
+        WriterShared::keep_spare(&mut self.ctx.shared);
     }
 }

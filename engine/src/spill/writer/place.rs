@@ -1,4 +1,4 @@
-//! Placing a record: planned (the segment with room for it open, `plan`), then into the open
+//! PendingRecord a record: planned (the segment with room for it open, `plan`), then into the open
 //! block of the staging buffer, or as a block of its own: a vectored write of its prefix
 //! (block header + frame) and the caller's `Bytes` (buffered mode), or copied through staging
 //! buffers (direct mode, or encrypted), its large parts and its checksum left to the I/O
@@ -27,7 +27,7 @@ const CHUNK_SAMPLE: usize = 64 << 10;
 
 /// A record being placed, kept by the call placing it across `Pending` (an async write resumes
 /// where it stopped).
-pub(super) struct Placing {
+pub(super) struct PendingRecord {
     rec: Bytes,
     stage: Stage,
 }
@@ -61,9 +61,9 @@ enum Stage {
     Chunks { done: usize },
 }
 
-impl Placing {
+impl PendingRecord {
     pub(super) fn new(rec: Bytes, vectored: bool) -> Self {
-        Placing {
+        PendingRecord {
             rec,
             stage: Stage::New { vectored },
         }
@@ -77,7 +77,11 @@ impl SpillWriter {
     }
 
     /// Places `p`; `Pending` only for async waits, with its progress in `p`.
-    pub(super) fn place(&mut self, p: &mut Placing, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
+    pub(super) fn place(
+        &mut self,
+        p: &mut PendingRecord,
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
         let len = p.rec.len();
         loop {
             let next = match &mut p.stage {
@@ -291,7 +295,7 @@ impl SpillWriter {
     pub(super) fn place_slice(&mut self, rec: &[u8]) -> Result<()> {
         if !self.fits_block(rec.len()) {
             // A block of its own, copied through staging buffers like an owned record.
-            let mut p = Placing::new(Bytes::copy_from_slice(rec), false);
+            let mut p = PendingRecord::new(Bytes::copy_from_slice(rec), false);
             return drive(|w| self.place(&mut p, w));
         }
         let need = segment::framed_len(rec.len()) + (LARGE_PREFIX_LEN + DIRECT_ALIGN) as u64;

@@ -211,7 +211,7 @@ impl SpillWriter {
         match self.ctx.shared.claim.put(op) {
             Ok(()) => {
                 let claim = Op {
-                    kind: OpKind::Claim(self.ctx.shared.claim.clone()),
+                    kind: OpKind::InSlot(self.ctx.shared.claim.clone()),
                     sink: self.ctx.shared.tracker.clone(),
                     token: 0,
                 };

@@ -205,7 +205,7 @@ impl SpillWriter {
         let r = self
             .run_async(None, |w, wait| w.poll_room(need, wait))
             .await;
-        if !self.settle_async(r).await? {
+        if !self.conclude_async(r).await? {
             return Ok(self.owned_slot(len));
         }
         self.in_place_slot(len, started, true)
@@ -226,7 +226,7 @@ impl SpillWriter {
             return Ok(self.owned_slot(len));
         }
         let r = drive(|w| self.poll_room(need, w));
-        if !self.settle(r)? {
+        if !self.conclude(r)? {
             return Ok(self.owned_slot(len));
         }
         self.in_place_slot(len, started, false)

@@ -68,7 +68,7 @@ impl SpillWriter {
                 }
             }
         }
-        let r = self.settle(r);
+        let r = self.conclude(r);
         self.ctx.core.counters.latency.write.record_since(started);
         r
     }
