@@ -143,7 +143,7 @@ impl EngineConfig {
         }
     }
 
-    /// Adds another spill root (one per disk); segments spread round-robin over healthy roots.
+    /// Adds another spill root (one per disk); a new segment goes to the healthy root with the fewest segments being written (ties in turn).
     /// Default: only the root given to [`EngineConfig::new`]. Bounds: 1..=64 roots, distinct.
     pub fn add_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.roots.push(root.into());

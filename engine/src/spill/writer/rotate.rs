@@ -21,6 +21,7 @@ use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
 use crate::store::ledger::Ticket;
 use crate::store::proc::ProcDir;
+use crate::store::roots::RootUse;
 use crate::sys::fs;
 
 /// A failed attempt to create a segment on one root.
@@ -136,6 +137,7 @@ impl SpillWriter {
             generation: o.generation,
             segment: o.seg,
             engine: self.ctx.core.id,
+            _root_use: o.root_use,
         });
     }
 }
@@ -152,6 +154,8 @@ pub(super) struct Opened {
     generation: u32,
     /// How full its root is of spills (`Store::root_fill`), for `Auto`'s space pressure.
     root_fill: f64,
+    /// Counts the segment as being written on its root, for the placement of the next ones.
+    root_use: RootUse,
 }
 
 impl Ctx {
@@ -179,6 +183,7 @@ impl Ctx {
         let (seg, allocated, generation) = (made.r.seg, made.allocated, made.generation);
         // Off the caller's poll (an async rotation runs here on the offload pool): a statvfs.
         let root_fill = self.core.store.root_fill(made.r.root);
+        let root_use = self.core.store.roots.writing_on(made.r.root);
         let (entry_index, fd) = self.record_segment(made)?;
         Ok(Opened {
             fd,
@@ -188,6 +193,7 @@ impl Ctx {
             reserve,
             generation,
             root_fill,
+            root_use,
         })
     }
 
