@@ -64,6 +64,7 @@ pub use slot::RecordSlot;
 use block::Blocks;
 use hook::{Tracker, WriterShared};
 use place::PendingRecord;
+use rotate::Ahead;
 use sink::OpenSegment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +123,8 @@ pub struct SpillWriter {
     blocks: Blocks,
     /// The segment sink: the segment being written, if one is open (`sink.rs`).
     seg: Option<OpenSegment>,
+    /// The next segment, opened ahead of need (`rotate.rs`).
+    ahead: Ahead,
     life: Life,
     counts: Counts,
     /// The work its async calls may do before one yields (`spill/budget.rs`).
@@ -210,6 +213,7 @@ impl SpillWriter {
             counts: Counts::default(),
             budget: Budget::new(),
             seg: None,
+            ahead: Ahead::None,
             life: Life::Open,
         })
     }
@@ -311,6 +315,7 @@ impl SpillWriter {
     /// `finish`'s work: the last segment sealed, every write of the writer completed, then the
     /// preallocated tails given back (a step, taken once: `trimmed`).
     fn poll_finished(&mut self, wait: &mut Wait<'_, '_>, trimmed: &mut bool) -> Poll<Result<()>> {
+        std::task::ready!(self.poll_ahead_given_back(wait));
         ready_ok!(self.seal_with(wait, true));
         ready_ok!(self.poll_drained(wait));
         if std::mem::replace(trimmed, true) || !alloc::needs_trim(&self.ctx.shared) {
@@ -319,8 +324,15 @@ impl SpillWriter {
         self.run_step(step::Step::Trim(self.ctx.clone()), wait)
     }
 
-    /// Segment files this writer has created so far.
+    /// Segments this writer has written to so far (a segment opened ahead of need counts from
+    /// its first record).
     pub fn segments(&self) -> usize {
+        self.counts.segments as usize
+    }
+
+    /// Segment files in the writer's list, each holding a ticket (a segment opened ahead of
+    /// need included).
+    fn files(&self) -> usize {
         self.ctx.shared.files.lock().entries.len()
     }
 
@@ -467,7 +479,7 @@ impl SpillWriter {
 
     /// [`rotate::explain_admission`] with what this writer holds.
     fn explain_admission(&self, e: SpillError) -> SpillError {
-        rotate::explain_admission(e, self.segments() as u64, || {
+        rotate::explain_admission(e, self.files() as u64, || {
             let files = self.ctx.shared.files.lock();
             files.entries.iter().map(|e| e.reserved()).sum::<u64>()
         })
@@ -523,6 +535,9 @@ impl SpillWriter {
     fn release_io(&mut self) {
         self.blocks.staging = None;
         self.seg = None;
+        // A segment opened ahead is in the file list: deleted with the others (a rotation
+        // still running records it, or, refused, deletes it itself).
+        self.ahead = Ahead::None;
     }
 }
 
