@@ -15,7 +15,7 @@
 pub(crate) mod sweep;
 mod worker;
 
-pub(crate) use worker::worker_loop;
+pub(crate) use worker::{retry_now, worker_loop};
 
 use std::io;
 use std::path::PathBuf;

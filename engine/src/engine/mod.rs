@@ -254,9 +254,12 @@ impl Engine {
         out
     }
 
-    /// Lets the cleanup worker retry failed deletes now instead of after its delay.
+    /// Retries failed deletes now instead of after the cleanup worker's delay. When the worker
+    /// is idle and at most 64 names wait, this thread deletes them itself (a batch of up to
+    /// `cleanup_batch`) before it returns, without waking the worker; otherwise the worker
+    /// retries them at once.
     pub fn retry_cleanup_now(&self) {
-        self.inner.core.store.cleanup.retry_now();
+        crate::cleanup::retry_now(&self.inner.core);
     }
 
     /// Stops admission (new tasks and writers fail with `Closed`), aborts task scopes still

@@ -50,6 +50,9 @@ struct Queue {
     stop: bool,
     /// No attempt before this instant (set after a failed batch).
     retry_at: Option<Instant>,
+    /// The worker waits on the condvar (no batch or sweep of its own under way):
+    /// [`CleanupQueue::take_while_idle`] may hand a batch to another thread instead of waking it.
+    worker_waits: bool,
 }
 
 /// The cleanup worker's queue of name-only records and orphan sweeps, and its metrics. The
@@ -89,6 +92,7 @@ impl CleanupQueue {
                 sweeps: VecDeque::new(),
                 stop: false,
                 retry_at: None,
+                worker_waits: false,
             }),
             cv: Condvar::new(),
             pending: AtomicU64::new(0),
@@ -213,10 +217,25 @@ impl CleanupQueue {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Lets the worker retry now instead of waiting out its failure delay.
+    /// Lets the worker retry now instead of waiting out its failure delay (woken if anything
+    /// is queued).
     pub(crate) fn retry_now(&self) {
-        self.queue.lock().retry_at = None;
-        self.cv.notify_all();
+        let mut q = self.queue.lock();
+        q.retry_at = None;
+        if !q.records.is_empty() || !q.sweeps.is_empty() {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Up to `batch` records, delay or not, for the caller to delete on its own thread: only
+    /// while the worker waits and when at most `most` are queued (else none). The caller puts
+    /// them back with [`CleanupQueue::put_back`] as the worker does.
+    pub(crate) fn take_while_idle(&self, most: usize, batch: usize) -> Vec<Record> {
+        let mut q = self.queue.lock();
+        if !q.worker_waits || q.records.len() > most {
+            return Vec::new();
+        }
+        take(&mut q.records, batch)
     }
 
     /// The file records queued now, oldest first, each with its age in the queue (read-only;
@@ -277,9 +296,7 @@ impl CleanupQueue {
                 continue;
             }
             if !q.records.is_empty() && waiting.is_none() {
-                let n = q.records.len().min(batch);
-                let taken = std::iter::from_fn(|| q.records.pop_front()).take(n);
-                return Some(Work::Records(taken.collect()));
+                return Some(Work::Records(take(&mut q.records, batch)));
             }
             if waiting.is_none()
                 && let Some(p) = q.sweeps.pop_front()
@@ -289,30 +306,44 @@ impl CleanupQueue {
             if tick_at.is_some_and(|t| t <= now) {
                 return Some(Work::Tick);
             }
+            q.worker_waits = true;
             match waiting.into_iter().chain(tick_at).min() {
                 Some(t) => {
                     self.cv.wait_until(&mut q, t);
                 }
                 None => self.cv.wait(&mut q),
             }
+            q.worker_waits = false;
         }
     }
 
     /// Puts a batch's failed records back at the end of the queue, with no attempt before
     /// `retry_at` (`None` after a batch with no failure: the next ready record goes at once).
+    /// A waiting worker is woken to wait for the new `retry_at` (a caller's batch failed).
     pub(crate) fn put_back(&self, failed: &[Record], retry_at: Option<Instant>) {
         let mut q = self.queue.lock();
         for r in failed {
             q.records.push_back(*r);
         }
         q.retry_at = retry_at;
+        if q.worker_waits && !failed.is_empty() {
+            self.cv.notify_all();
+        }
     }
 
-    /// A record's delete is confirmed: it is no longer pending.
-    pub(crate) fn record_done(&self) {
-        self.pending.fetch_sub(1, Ordering::Relaxed);
-        self.end();
+    /// `n` records' deletes are confirmed: they are no longer pending.
+    pub(crate) fn records_done(&self, n: u64) {
+        self.pending.fetch_sub(n, Ordering::Relaxed);
+        self.outstanding.fetch_sub(n, Ordering::SeqCst);
     }
+}
+
+/// The first `batch` records (all, if fewer), oldest first.
+fn take(records: &mut RecordChunks, batch: usize) -> Vec<Record> {
+    let n = records.len().min(batch);
+    let mut taken = Vec::with_capacity(n);
+    taken.extend(std::iter::from_fn(|| records.pop_front()).take(n));
+    taken
 }
 
 /// The queue's bookkeeping step by step, without a worker thread (the engine tests drive it
@@ -354,7 +385,7 @@ mod tests {
         assert_eq!(records(q.next_work(2, None)), [2, 3]);
         // Taken is not done: still pending until confirmed.
         assert_eq!(q.pending(), 5);
-        q.record_done();
+        q.records_done(1);
         assert_eq!((q.pending(), q.outstanding()), (4, 4));
         // A failed batch goes to the back; with no retry delay it is ready at once.
         q.put_back(&[rec(0), rec(1)], None);
@@ -395,6 +426,64 @@ mod tests {
             let t0 = Instant::now();
             assert_eq!(records(q.next_work(8, None)), taken);
             assert!(t0.elapsed() < Duration::from_secs(30));
+        });
+    }
+
+    /// Waits until a worker thread waits on the queue's condvar.
+    fn until_the_worker_waits(q: &CleanupQueue) {
+        let t0 = Instant::now();
+        while !q.queue.lock().worker_waits {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the worker never waited"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// `retry_now`'s caller takes a batch itself only while the worker waits, only when at
+    /// most `most` records are queued, at most `batch` of them, their delay or not; what it
+    /// puts back wakes the waiting worker for the new delay.
+    #[test]
+    fn a_caller_takes_a_small_batch_only_while_the_worker_waits() {
+        let q = CleanupQueue::new(64);
+        for seg in 0..3 {
+            q.push(rec(seg));
+        }
+        assert!(q.take_while_idle(8, 8).is_empty(), "no worker waits");
+        let taken = records(q.next_work(8, None));
+        assert_eq!(taken, [0, 1, 2]);
+        let later = Instant::now() + Duration::from_secs(60);
+        q.put_back(&[rec(0), rec(1), rec(2)], Some(later));
+        let tick = Instant::now() + Duration::from_millis(300);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            assert!(
+                q.take_while_idle(2, 8).is_empty(),
+                "3 queued, at most 2 asked"
+            );
+            let mine: Vec<u32> = q.take_while_idle(3, 2).iter().map(|r| r.seg).collect();
+            assert_eq!(
+                mine,
+                [0, 1],
+                "a batch of at most 2, the delay notwithstanding"
+            );
+            assert!(
+                matches!(worker.join().unwrap(), Some(Work::Tick)),
+                "record 2 still waits out its delay"
+            );
+        });
+        // A failed caller's batch goes back with a delay shorter than the worker's wait: the
+        // worker is woken and takes it then, not at its tick.
+        let t0 = Instant::now();
+        let tick = t0 + Duration::from_secs(20);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            q.put_back(&[rec(0)], Some(Instant::now() + Duration::from_millis(50)));
+            assert_eq!(records(worker.join().unwrap()), [2, 0]);
+            assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
         });
     }
 
