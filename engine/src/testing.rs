@@ -158,7 +158,7 @@ pub struct FdStats {
 
 /// The state of `engine`'s fd bound.
 pub fn fd_stats(engine: &crate::Engine) -> FdStats {
-    let c = engine.fd_cache();
+    let c = engine.io().fds();
     FdStats {
         max: c.max(),
         open: c.open_count(),
@@ -179,7 +179,7 @@ pub struct BufferStats {
 
 /// The state of `engine`'s staging buffer budget.
 pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
-    let (budget, mapped, peak) = engine.buffer_pool().stats();
+    let (budget, mapped, peak) = engine.io().pool().stats();
     BufferStats {
         budget,
         mapped,
@@ -190,13 +190,13 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
 /// Segment maps kept with pooled files now, and their mapped bytes (within
 /// `max_read_memory`; see `io/keptmap.rs`).
 pub fn kept_maps(engine: &crate::Engine) -> (usize, u64) {
-    engine.io_handle().kept_maps().held()
+    engine.io().kept_maps().held()
 }
 
 /// Ops the I/O lanes' channels have room for now, summed over the lanes (0: a submit to any
 /// of them finds it full).
 pub fn lane_room(engine: &crate::Engine) -> usize {
-    engine.io_handle().lane_room()
+    engine.io().lane_room()
 }
 
 /// Turns the cooperative yielding of async calls (`spill/budget.rs`) on or off for the whole

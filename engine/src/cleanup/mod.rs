@@ -24,7 +24,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::fault::FaultPoint;
-use crate::format::segment::SegmentFileName;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
 use crate::shared::EngineShared;
@@ -47,21 +46,16 @@ pub struct CleanupReport {
 /// What the cleanup worker still holds, with up to five of the oldest paths.
 pub(crate) fn report(core: &EngineShared) -> CleanupReport {
     let queue = &core.store.cleanup;
-    let (mut oldest, sweeps_pending) = queue.queued();
+    let mut oldest = queue.records();
     oldest.sort_by_key(|r| r.since);
-    let examples = oldest
-        .iter()
-        .take(5)
-        .filter_map(|r| {
-            let d = core.store.dir(r.dir as usize)?;
-            Some(d.path.join(SegmentFileName::new(r.seg).as_str()))
-        })
-        .collect();
+    let examples = oldest.iter().take(5);
+    let examples =
+        examples.filter_map(|r| Some(core.store.dir(r.dir as usize)?.segment_path(r.seg)));
     CleanupReport {
         pending: queue.pending(),
         oldest_age_secs: queue.oldest_age(),
-        examples,
-        sweeps_pending,
+        examples: examples.collect(),
+        sweeps_pending: queue.sweeps_pending(),
     }
 }
 

@@ -73,18 +73,8 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// The bound on writers' segment fds (for `testing::fd_stats`).
-    pub(crate) fn fd_cache(&self) -> &Arc<crate::io::FdCache> {
-        self.inner.core.io.fds()
-    }
-
-    /// The staging buffer pool and its budget (for `testing::buffer_stats`).
-    pub(crate) fn buffer_pool(&self) -> &Arc<crate::io::BufferPool> {
-        self.inner.core.io.pool()
-    }
-
-    /// The engine's I/O handle (for `testing::lane_room`).
-    pub(crate) fn io_handle(&self) -> &crate::io::IoHandle {
+    /// The engine's I/O handle (for `testing`'s probes).
+    pub(crate) fn io(&self) -> &crate::io::IoHandle {
         &self.inner.core.io
     }
 
@@ -112,8 +102,7 @@ impl Engine {
 
     /// What the cleanup worker still holds, for operators.
     pub fn cleanup_report(&self) -> CleanupReport {
-        let core = &self.inner.core;
-        crate::cleanup::report(core)
+        crate::cleanup::report(&self.inner.core)
     }
 
     /// The backend that runs (`Backend::as_str` gives "io_uring" or "psync").
@@ -166,7 +155,8 @@ impl Engine {
     /// for tests of the worker's rotation order.
     #[doc(hidden)]
     pub fn cleanup_queue_snapshot(&self) -> Vec<(u32, u32)> {
-        self.inner.core.store.cleanup.snapshot()
+        let records = self.inner.core.store.cleanup.records();
+        records.iter().map(|r| (r.dir, r.seg)).collect()
     }
 
     /// Deletes every file the segment pool holds (queued, like every delete) and returns how
@@ -231,22 +221,17 @@ impl Engine {
         for v in core.store.pool.views() {
             out.push(OwnedFile::of(v, FileKind::Pooled, None, &root_of));
         }
-        for (r, age) in core.store.cleanup.file_records() {
+        for r in core.store.cleanup.records() {
             let Some(dir) = core.store.dir(r.dir as usize) else {
                 continue;
             };
-            let path = dir
-                .path
-                .join(crate::format::segment::SegmentFileName::new(r.seg).as_str());
-            out.push(OwnedFile {
-                path,
-                root: root_of(dir.root),
-                task: None,
-                kind: FileKind::AwaitingDelete,
-                size: None,
+            let v = EntryView {
+                root: dir.root,
+                path: dir.segment_path(r.seg),
                 reserved: u64::from(r.pages) * crate::store::ledger::PAGE,
-                age,
-            });
+                age: core.store.cleanup.age(&r),
+            };
+            out.push(OwnedFile::of(v, FileKind::AwaitingDelete, None, &root_of));
         }
         for f in &mut out {
             f.size = std::fs::symlink_metadata(&f.path).ok().map(|m| m.len());

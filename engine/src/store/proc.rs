@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Result, SpillError};
 use crate::format::names::{PROC_PREFIX, proc_dir_name};
+use crate::format::segment::SegmentFileName;
 use crate::io::{FileHandle, Reaper};
 use crate::store::queue::CleanupQueue;
 use crate::sys::{errno, fs};
@@ -49,6 +50,11 @@ impl ProcDir {
             cleanup,
             next_segment,
         }
+    }
+
+    /// Where segment `seg` of this directory is.
+    pub(crate) fn segment_path(&self, seg: u32) -> PathBuf {
+        self.path.join(SegmentFileName::new(seg).as_str())
     }
 
     /// The next unused segment number, or `None` when they ran out (at `u32::MAX`).

@@ -152,16 +152,6 @@ impl CleanupQueue {
         self.cv.notify_all();
     }
 
-    /// The queue in order, as (directory index, segment number): for tests of its rotation.
-    pub(crate) fn snapshot(&self) -> Vec<(u32, u32)> {
-        self.queue
-            .lock()
-            .records
-            .iter()
-            .map(|r| (r.dir, r.seg))
-            .collect()
-    }
-
     /// Queues a sweep that failed again, after the retry delay.
     pub(crate) fn sweep_later(&self, path: PathBuf, delay: Duration) {
         let mut q = self.queue.lock();
@@ -238,26 +228,16 @@ impl CleanupQueue {
         take(&mut q.records, batch)
     }
 
-    /// The file records queued now, oldest first, each with its age in the queue (read-only;
-    /// `Engine::list_files`). A batch the worker is running is not in the queue meanwhile.
-    pub(crate) fn file_records(&self) -> Vec<(Record, Duration)> {
-        let now = self.epoch.elapsed().as_secs();
-        let q = self.queue.lock();
-        q.records
-            .iter()
-            .map(|r| {
-                (
-                    r,
-                    Duration::from_secs(now.saturating_sub(u64::from(r.since))),
-                )
-            })
-            .collect()
+    /// The records queued now, oldest first (read-only: reports, `Engine::list_files`, tests
+    /// of the rotation). A batch being deleted is not in the queue meanwhile.
+    pub(crate) fn records(&self) -> Vec<Record> {
+        self.queue.lock().records.iter().collect()
     }
 
-    /// The records queued now, oldest first, and the sweeps queued (for reports).
-    pub(crate) fn queued(&self) -> (Vec<Record>, u64) {
-        let q = self.queue.lock();
-        (q.records.iter().collect(), q.sweeps.len() as u64)
+    /// How long ago `r` was queued (whole seconds; see [`Record::since`]).
+    pub(crate) fn age(&self, r: &Record) -> Duration {
+        let now = self.epoch.elapsed().as_secs();
+        Duration::from_secs(now.saturating_sub(u64::from(r.since)))
     }
 
     /// The worker's next work: up to `batch` ready records, else a sweep; waits for either
@@ -350,7 +330,7 @@ fn take(records: &mut RecordChunks, batch: usize) -> Vec<Record> {
 /// through the worker; these pin what each method returns, which cargo-mutants showed the
 /// engine tests left loose).
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn rec(seg: u32) -> Record {
@@ -360,6 +340,11 @@ mod tests {
             pages: seg + 100,
             since: 0,
         }
+    }
+
+    /// The queue in order, as (directory index, segment number).
+    pub(crate) fn snapshot(q: &CleanupQueue) -> Vec<(u32, u32)> {
+        q.records().iter().map(|r| (r.dir, r.seg)).collect()
     }
 
     fn records(w: Option<Work>) -> Vec<u32> {
@@ -377,8 +362,8 @@ mod tests {
             q.push(rec(seg));
         }
         assert_eq!((q.pending(), q.outstanding()), (5, 5));
-        assert_eq!(q.snapshot(), (0..5).map(|s| (1, s)).collect::<Vec<_>>());
-        let (queued, sweeps) = q.queued();
+        assert_eq!(snapshot(&q), (0..5).map(|s| (1, s)).collect::<Vec<_>>());
+        let (queued, sweeps) = (q.records(), q.sweeps_pending());
         assert_eq!(queued, (0..5).map(rec).collect::<Vec<_>>());
         assert_eq!(sweeps, 0);
         assert_eq!(records(q.next_work(2, None)), [0, 1]);
@@ -389,7 +374,7 @@ mod tests {
         assert_eq!((q.pending(), q.outstanding()), (4, 4));
         // A failed batch goes to the back; with no retry delay it is ready at once.
         q.put_back(&[rec(0), rec(1)], None);
-        assert_eq!(q.snapshot(), [(1, 4), (1, 0), (1, 1)]);
+        assert_eq!(snapshot(&q), [(1, 4), (1, 0), (1, 1)]);
         assert_eq!(records(q.next_work(10, None)), [4, 0, 1]);
     }
 
@@ -493,7 +478,7 @@ mod tests {
         q.sweep(PathBuf::from("/a"));
         q.push(rec(3));
         assert_eq!((q.sweeps_pending(), q.outstanding()), (1, 2));
-        assert_eq!(q.queued().1, 1);
+        assert_eq!(q.sweeps_pending(), 1);
         assert_eq!(records(q.next_work(8, None)), [3]);
         match q.next_work(8, None) {
             Some(Work::Sweep(p)) => assert_eq!(p, PathBuf::from("/a")),
