@@ -80,7 +80,7 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
         // Read under the lock: a completion may already have taken an earlier entry.
         let target = batch.entries.lock()[i]
             .as_ref()
-            .map(|e| (e.dir.fd.clone(), seg_name(e.seg)));
+            .map(|e| (e.dir.fd.clone(), NameBuf::segment(e.seg)));
         let Some((dir, name)) = target else { continue };
         core.io.submit(
             lane,
@@ -88,7 +88,6 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
                 kind: OpKind::Unlink {
                     dir,
                     name,
-                    rmdir: false,
                     point: FaultPoint::IoUnlink,
                 },
                 sink: batch.clone(),
@@ -96,10 +95,6 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
             },
         );
     }
-}
-
-fn seg_name(seg: u32) -> NameBuf {
-    NameBuf::segment(seg)
 }
 
 /// A batch of segment deletes in flight on the normal path.
@@ -137,7 +132,7 @@ impl OpSink for DeleteBatch {
             }
             entry.retain(&self.core.store.cleanup);
         }
-        // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
+        // Last: until the outcome is recorded (ticket released or record queued),
         // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
         Counters::add(&c.deletes_in_flight, u64::MAX); // -1
         self.core.store.cleanup.end();

@@ -168,7 +168,6 @@ fn unlink_op(core: &EngineShared, r: &Record, sink: Arc<dyn OpSink>, token: usiz
         kind: OpKind::Unlink {
             dir: dir.fd.clone(),
             name: NameBuf::segment(r.seg),
-            rmdir: false,
             point: FaultPoint::CleanupUnlink,
         },
         sink,

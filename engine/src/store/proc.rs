@@ -282,9 +282,9 @@ fn claim_one(
 /// A fresh random 64-bit id.
 pub(crate) fn random_id() -> u64 {
     let mut b = [0u8; 8];
-    let n = crate::sys::rand::getrandom(&mut b);
+    let filled = crate::sys::rand::fill(&mut b);
     let mut v = u64::from_ne_bytes(b);
-    if !matches!(n, Ok(8)) {
+    if filled.is_err() {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

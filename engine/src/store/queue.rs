@@ -64,7 +64,7 @@ pub(crate) struct CleanupQueue {
     pending: AtomicU64,
     /// Every unit of delete work not finished: deletes in flight on an I/O thread, records
     /// pending, orphan sweeps queued or running. Each hand-over (a failed delete becoming a
-    /// record, a confirmed name queueing its directory's `rmdir`) counts the new unit before
+    /// record) counts the new unit before
     /// it ends the old one, so one load of zero means nothing is left (see
     /// [`CleanupQueue::outstanding`]); two counters read one after the other could both miss a unit
     /// moving between them.
