@@ -315,7 +315,7 @@ impl OwnedFile {
 
 /// A snapshot of the metrics: the counters, and what the engine's parts hold now.
 fn metrics(core: &EngineShared) -> Metrics {
-    let pool = core.store.pool.level();
+    let (pool_segments, pool_bytes) = core.store.pool.level();
     let c = &core.counters;
     let ledger = &core.store.ledger;
     let roots = ledger.per_root().into_iter().zip(core.store.roots.paths());
@@ -339,8 +339,8 @@ fn metrics(core: &EngineShared) -> Metrics {
         spill_bytes_in_use: ledger.bytes_used(),
         cleanup_pending: core.store.cleanup.pending(),
         cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),
-        pool_segments: pool.segments,
-        pool_bytes: pool.bytes,
+        pool_segments,
+        pool_bytes,
         staging_buffer_bytes: core.io.pool().stats().1 as u64,
         kept_map_bytes: core.io.kept_maps().held().1,
         open_fds: core.io.fds().open_count() as u64,
