@@ -299,14 +299,15 @@ impl CleanupQueue {
 
     /// Puts a batch's failed records back at the end of the queue, with no attempt before
     /// `retry_at` (`None` after a batch with no failure: the next ready record goes at once).
-    /// A waiting worker is woken to wait for the new `retry_at` (a caller's batch failed).
+    /// After a failure a waiting worker is woken to wait for the new `retry_at` (a caller's
+    /// batch failed).
     pub(crate) fn put_back(&self, failed: &[Record], retry_at: Option<Instant>) {
         let mut q = self.queue.lock();
         for r in failed {
             q.records.push_back(*r);
         }
         q.retry_at = retry_at;
-        if q.worker_waits && !failed.is_empty() {
+        if !failed.is_empty() {
             self.cv.notify_all();
         }
     }
@@ -470,6 +471,22 @@ pub(crate) mod tests {
             assert_eq!(records(worker.join().unwrap()), [2, 0]);
             assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
         });
+    }
+
+    /// `retry_now` ends a sweep's retry delay too: a worker waiting it out is woken.
+    #[test]
+    fn retry_now_wakes_a_worker_waiting_out_a_sweeps_delay() {
+        let q = CleanupQueue::new(64);
+        q.sweep_later(PathBuf::from("/s"), Duration::from_secs(60));
+        let t0 = Instant::now();
+        let tick = t0 + Duration::from_secs(30);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            q.retry_now();
+            assert!(matches!(worker.join().unwrap(), Some(Work::Sweep(_))));
+        });
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     }
 
     #[test]
