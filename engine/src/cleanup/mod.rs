@@ -1,16 +1,8 @@
-//! Deleting files: the normal delete path (batched unlinks queued to an I/O thread) and the
-//! cleanup worker that owns name-only records of deletes whose outcome was not confirmed.
-//!
-//! A record names a directory index, a segment number and the quota pages its ticket holds, in
-//! eight bytes (sixteen when a field does not fit), in 1 KiB chunks that keep when their oldest
-//! record was queued (`store/records.rs`). It keeps no buffer, fd or mmap alive. Its ticket stays held
-//! until the delete is confirmed (or the file is found absent), so a long storage outage stops
-//! new spills at admission instead of growing memory.
-//!
-//! The worker deletes in batches. After each batch exactly the confirmed names release their
-//! tickets; the failed ones rotate to the back of the queue and the worker waits
-//! `cleanup_retry_delay` (plus jitter) only after a failure. After a success it takes the next
-//! ready record at once.
+//! Deleting files: the normal delete path ([`delete_segments`]: one unlink per file queued to
+//! an I/O thread; confirmed or absent names release their tickets, the others go to the
+//! cleanup worker's queue, `store/queue.rs`, tickets held), the segment pool's trims, the one
+//! reading of an unlink's outcome ([`Unlinked`]), the cleanup worker that retries the queued
+//! names (`worker`) and the crash sweep (`sweep`).
 
 pub(crate) mod sweep;
 mod worker;

@@ -1,10 +1,8 @@
 //! The cleanup worker's queue: name-only records of deletes whose outcome was not confirmed,
-//! and the orphan sweeps. A record names a directory index, a segment number, the quota pages
-//! its ticket holds, and when it was queued; the queue stores it in eight bytes, in chunks of
-//! 1 KiB (`store/records.rs`: a record whose fields do not fit eight bytes takes sixteen, and
-//! the time is kept per chunk). It keeps no buffer, fd or mmap alive.
-//! Its ticket stays held until the delete is confirmed (or the file is found absent), so a
-//! long storage outage stops new spills at admission instead of growing memory.
+//! and the orphan sweeps. A record (a directory index, a segment number, the quota pages its
+//! ticket holds, when it was queued) is stored packed (`store/records.rs`) and keeps no buffer,
+//! fd or mmap alive. Its ticket stays held until the delete is confirmed (or the file is found
+//! absent), so a long storage outage stops new spills at admission instead of growing memory.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
