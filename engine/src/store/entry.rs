@@ -184,10 +184,8 @@ mod tests {
         );
         assert_eq!(ledger.bytes_used(), 8192);
         assert_eq!(cleanup.pending(), 1);
-        assert_eq!(
-            crate::store::queue::tests::snapshot(&cleanup),
-            vec![(dir.root as u32, 7)]
-        );
+        let queued: Vec<_> = cleanup.records().iter().map(|r| (r.dir, r.seg)).collect();
+        assert_eq!(queued, vec![(dir.root as u32, 7)]);
         // Released or retained entries end for good: no second record.
         SegmentEntry::new(dir.clone(), 8, ledger.reserve(1).unwrap()).retain(&cleanup);
         assert_eq!(cleanup.pending(), 2);

@@ -329,7 +329,7 @@ fn take(records: &mut RecordChunks, batch: usize) -> Vec<Record> {
 /// through the worker; these pin what each method returns, which cargo-mutants showed the
 /// engine tests left loose).
 #[cfg(all(test, not(loom)))]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn rec(seg: u32) -> Record {
@@ -342,7 +342,7 @@ pub(crate) mod tests {
     }
 
     /// The queue in order, as (directory index, segment number).
-    pub(crate) fn snapshot(q: &CleanupQueue) -> Vec<(u32, u32)> {
+    fn snapshot(q: &CleanupQueue) -> Vec<(u32, u32)> {
         q.records().iter().map(|r| (r.dir, r.seg)).collect()
     }
 
@@ -485,6 +485,25 @@ pub(crate) mod tests {
             assert!(matches!(worker.join().unwrap(), Some(Work::Sweep(_))));
         });
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    /// A record's age counts from its `since` (its chunk's oldest) to now, in whole seconds.
+    #[test]
+    fn a_records_age_counts_from_its_since() {
+        let q = CleanupQueue {
+            epoch: Instant::now() - Duration::from_secs(100),
+            ..CleanupQueue::new(64)
+        };
+        q.push(Record {
+            since: 40,
+            ..rec(1)
+        });
+        assert_eq!(q.age(&q.records()[0]), Duration::from_secs(60));
+        let later = Record {
+            since: 200,
+            ..rec(2)
+        };
+        assert_eq!(q.age(&later), Duration::ZERO, "never negative");
     }
 
     #[test]
