@@ -404,11 +404,11 @@ pub(crate) fn cqe_result(res: i32) -> io::Result<usize> {
 pub(crate) mod errno {
     use rustix::io::Errno;
 
-    /// No such file or directory.
     /// The process has no file descriptor left.
     pub(crate) const EMFILE: i32 = Errno::MFILE.raw_os_error();
     /// The system has no file descriptor left.
     pub(crate) const ENFILE: i32 = Errno::NFILE.raw_os_error();
+    /// No such file or directory.
     pub(crate) const ENOENT: i32 = Errno::NOENT.raw_os_error();
     /// I/O error (a device error).
     pub(crate) const EIO: i32 = Errno::IO.raw_os_error();

@@ -30,100 +30,79 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// A place where a fault can be injected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[non_exhaustive]
-pub enum FaultPoint {
+/// Makes [`FaultPoint`], [`FaultPoint::ALL`] and [`FaultPoint::name`] from one table: each
+/// point's docs, variant and name.
+macro_rules! fault_points {
+    ($($(#[$doc:meta])* $point:ident = $name:literal,)*) => {
+        /// A place where a fault can be injected.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+        #[non_exhaustive]
+        pub enum FaultPoint {
+            $($(#[$doc])* $point,)*
+        }
+
+        /// Number of fault points.
+        const POINTS: usize = [$($name),*].len();
+
+        impl FaultPoint {
+            /// Every fault point.
+            pub const ALL: [FaultPoint; POINTS] = [$(FaultPoint::$point),*];
+
+            /// The point's name, as in `writer::create`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(FaultPoint::$point => $name,)*
+                }
+            }
+        }
+    };
+}
+
+fault_points! {
     /// `writer::reserve`: the writer passed its abort check for a new segment and has not yet
     /// reserved its ticket or counted the file in its directory. Pausing here lets a test
     /// cancel the scope in that window.
-    WriterReserve,
+    WriterReserve = "writer::reserve",
     /// `writer::create`: just before a segment file is created.
-    WriterCreate,
+    WriterCreate = "writer::create",
     /// `writer::after_create`: after a segment file was created, before the writer checks the
     /// abort flag. Pausing here opens the write-after-delete window on purpose.
-    WriterAfterCreate,
+    WriterAfterCreate = "writer::after_create",
     /// `writer::hand_off`: `finish` took the writer's files for its new state and has not yet
     /// registered the state with the scope. Pausing here lets a test close the scope in the
     /// hand-off window.
-    WriterHandOff,
+    WriterHandOff = "writer::hand_off",
     /// `io::write`: an I/O thread about to submit a write.
-    IoWrite,
+    IoWrite = "io::write",
     /// `io::unlink`: an I/O thread about to unlink a file on the normal delete path.
-    IoUnlink,
-    /// `cleanup::unlink`: the cleanup worker about to unlink a retained name.
-    CleanupUnlink,
+    IoUnlink = "io::unlink",
+    /// `cleanup::unlink`: the cleanup worker (or a `retry_cleanup_now` caller) about to unlink
+    /// a retained name.
+    CleanupUnlink = "cleanup::unlink",
     /// `cleanup::take`: the cleanup worker found ready records and is about to take a batch.
     /// Pausing here lets a test queue records first and then watch whole batches.
-    CleanupTake,
+    CleanupTake = "cleanup::take",
     /// `state::publish`: `publish` took the state's files and has not renamed any yet.
-    StatePublish,
+    StatePublish = "state::publish",
     /// `reader::open`: a reader passed its abort check and looked up the next segment, and has
     /// not opened it yet. Pausing here lets a test delete the file under the reader.
-    ReaderOpen,
+    ReaderOpen = "reader::open",
     /// `state::publish_rename`: `publish` is about to rename one file, into the destination or
     /// (rolling back) back into its directory. Calls count the forward renames first, then the
     /// moves back, so `Trigger::After` picks one.
-    PublishRename,
+    PublishRename = "state::publish_rename",
     /// `writer::reopen`: a writer whose segment fd was closed by the engine's fd bound
     /// (`max_open_files`) passed its abort check and has not reopened its segment yet. Pausing
     /// here lets a test cancel the scope (and delete the file) under the reopen.
-    WriterReopen,
+    WriterReopen = "writer::reopen",
     /// `cleanup::sweep_unlink`: the crash sweep about to unlink one file of a dead engine's
     /// tree. `FailAfter(ENOENT)` stages the race of a file gone between the sweep's readdir
     /// and its unlink.
-    SweepUnlink,
+    SweepUnlink = "cleanup::sweep_unlink",
     /// `buffer::map`: a writer is about to map a fresh staging buffer (none free in the pool):
     /// on the offload pool for an async writer, on its own thread for a blocking one.
     /// Pausing here shows where the map runs; `Fail` is a map that fails.
-    BufferMap,
-}
-
-/// Number of fault points.
-const POINTS: usize = 14;
-
-impl FaultPoint {
-    /// Every fault point.
-    pub const ALL: [FaultPoint; POINTS] = [
-        FaultPoint::WriterReserve,
-        FaultPoint::WriterCreate,
-        FaultPoint::WriterAfterCreate,
-        FaultPoint::WriterHandOff,
-        FaultPoint::IoWrite,
-        FaultPoint::IoUnlink,
-        FaultPoint::CleanupUnlink,
-        FaultPoint::CleanupTake,
-        FaultPoint::StatePublish,
-        FaultPoint::ReaderOpen,
-        FaultPoint::PublishRename,
-        FaultPoint::WriterReopen,
-        FaultPoint::SweepUnlink,
-        FaultPoint::BufferMap,
-    ];
-
-    /// The point's name, as in `writer::create`.
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultPoint::WriterReserve => "writer::reserve",
-            FaultPoint::WriterCreate => "writer::create",
-            FaultPoint::WriterAfterCreate => "writer::after_create",
-            FaultPoint::WriterHandOff => "writer::hand_off",
-            FaultPoint::IoWrite => "io::write",
-            FaultPoint::IoUnlink => "io::unlink",
-            FaultPoint::CleanupUnlink => "cleanup::unlink",
-            FaultPoint::CleanupTake => "cleanup::take",
-            FaultPoint::StatePublish => "state::publish",
-            FaultPoint::ReaderOpen => "reader::open",
-            FaultPoint::PublishRename => "state::publish_rename",
-            FaultPoint::WriterReopen => "writer::reopen",
-            FaultPoint::SweepUnlink => "cleanup::sweep_unlink",
-            FaultPoint::BufferMap => "buffer::map",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
+    BufferMap = "buffer::map",
 }
 
 /// What an armed fault point does.
@@ -243,42 +222,32 @@ impl FaultPlan {
 
     /// How many times `point` fired (injected a failure or paused).
     pub fn fired(&self, point: FaultPoint) -> u64 {
-        self.fired[point.index()].load(Ordering::Relaxed)
+        self.fired[point as usize].load(Ordering::Relaxed)
     }
 
     /// How many times `point` was reached.
     pub fn reached(&self, point: FaultPoint) -> u64 {
-        self.calls[point.index()].load(Ordering::Relaxed)
+        self.calls[point as usize].load(Ordering::Relaxed)
     }
 
     /// Decides one call at `point`. A pause blocks here (outside the plan's lock).
     pub(crate) fn check(&self, point: FaultPoint) -> Injected {
-        let call = self.calls[point.index()].fetch_add(1, Ordering::Relaxed);
+        let call = self.calls[point as usize].fetch_add(1, Ordering::Relaxed);
         let action = {
             let mut rules = self.rules();
             let mut chosen = None;
             for rule in rules.iter_mut().filter(|r| r.point == point) {
                 let fire = match &mut rule.trigger {
                     Trigger::Always => true,
-                    Trigger::Times(n) => {
-                        if *n > 0 {
-                            *n -= 1;
-                            true
-                        } else {
-                            false
-                        }
-                    }
                     Trigger::Probability(p) => unit(self.seed, point, call) < *p,
-                    Trigger::After { skip, times } => {
-                        if *skip > 0 {
-                            *skip -= 1;
-                            false
-                        } else if *times > 0 {
-                            *times -= 1;
-                            true
-                        } else {
-                            false
-                        }
+                    Trigger::Times(times) | Trigger::After { skip: 0, times } => {
+                        let left = *times > 0;
+                        *times = times.saturating_sub(1);
+                        left
+                    }
+                    Trigger::After { skip, .. } => {
+                        *skip -= 1;
+                        false
                     }
                 };
                 if fire {
@@ -297,7 +266,7 @@ impl FaultPlan {
         let Some(action) = action else {
             return Injected::None;
         };
-        self.fired[point.index()].fetch_add(1, Ordering::Relaxed);
+        self.fired[point as usize].fetch_add(1, Ordering::Relaxed);
         match action {
             FaultAction::Fail(e) => Injected::Fail(e),
             FaultAction::FailAfter(e) => Injected::FailAfter(e),
@@ -317,7 +286,7 @@ impl FaultPlan {
 /// A uniform number in [0, 1) from the seed, the point and the call index: the same plan with
 /// the same seed makes the same decisions for the same sequence of calls at a point.
 fn unit(seed: u64, point: FaultPoint, call: u64) -> f64 {
-    let mut x = seed ^ (point.index() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ call;
+    let mut x = seed ^ (point as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ call;
     // splitmix64 finaliser
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

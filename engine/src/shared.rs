@@ -162,27 +162,14 @@ pub(crate) type EngineGuard = Arc<dyn Send + Sync>;
 /// random nonzero key id. A short or failed `getrandom` is an error, never a weaker key.
 pub(crate) fn make_key() -> io::Result<BlockKey> {
     let mut raw = zeroize::Zeroizing::new([0u8; KEY_LEN]);
-    fill_random(&mut raw[..])?;
+    crate::sys::rand::fill(&mut raw[..])?;
     let mut id = [0u8; 8];
     let mut key_id = 0;
     while key_id == 0 {
-        fill_random(&mut id)?;
+        crate::sys::rand::fill(&mut id)?;
         key_id = u64::from_le_bytes(id);
     }
     BlockKey::new(raw, key_id).map_err(io::Error::other)
-}
-
-fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        match crate::sys::rand::getrandom(&mut buf[got..]) {
-            Ok(0) => return Err(io::Error::other("getrandom returned no bytes")),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(all(test, not(loom)))]

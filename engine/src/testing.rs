@@ -50,27 +50,28 @@ pub struct ParsedSegment {
 /// the segment's written length, each checked and decoded. `buf` is the file: shorter than
 /// `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
-    let mut out = ParsedSegment {
-        records: Vec::new(),
-        damage: None,
-    };
+    let mut records = Vec::new();
+    let damage = parse_into(&mut records, buf, end, segment, engine).err();
+    ParsedSegment { records, damage }
+}
+
+/// [`parse_segment`]'s walk: the records into `records`, the damage as the error.
+fn parse_into(
+    records: &mut Vec<Vec<u8>>,
+    buf: &[u8],
+    end: usize,
+    segment: u32,
+    engine: u64,
+) -> std::result::Result<(), (u64, &'static str)> {
     // As the reader maps it: no further than the written length.
     let buf = &buf[..end.min(buf.len())];
     if buf.len() < crate::format::segment::HEADER_LEN {
-        out.damage = Some((buf.len() as u64, "segment truncated inside its header"));
-        return out;
+        return Err((buf.len() as u64, "segment truncated inside its header"));
     }
-    let h = match crate::format::segment::parse_header(buf) {
-        Err(d) => {
-            out.damage = Some((0, d));
-            return out;
-        }
-        Ok(h) if h.segment != segment || h.engine != engine => {
-            out.damage = Some((0, "header names another segment or engine"));
-            return out;
-        }
-        Ok(h) => h,
-    };
+    let h = crate::format::segment::parse_header(buf).map_err(|d| (0, d))?;
+    if h.segment != segment || h.engine != engine {
+        return Err((0, "header names another segment or engine"));
+    }
     let bind = crate::format::block::Binding {
         segment,
         generation: h.generation,
@@ -78,17 +79,13 @@ pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> Parse
     };
     let counters = crate::metrics::Counters::default();
     let mut cursor = SegmentCursor::new(bytes::Bytes::copy_from_slice(buf), end, bind);
-    loop {
-        match cursor.next(None, &counters) {
-            Ok(Some(r)) => out.records.push(r.to_vec()),
-            Ok(None) => break,
-            Err(d) => {
-                out.damage = Some((d.offset, d.detail));
-                break;
-            }
-        }
+    while let Some(r) = cursor
+        .next(None, &counters)
+        .map_err(|d| (d.offset, d.detail))?
+    {
+        records.push(r.to_vec());
     }
-    out
+    Ok(())
 }
 
 /// A valid segment: the header of segment `segment` of engine `engine` (generation 0), then
@@ -158,7 +155,7 @@ pub struct FdStats {
 
 /// The state of `engine`'s fd bound.
 pub fn fd_stats(engine: &crate::Engine) -> FdStats {
-    let c = engine.fd_cache();
+    let c = engine.io().fds();
     FdStats {
         max: c.max(),
         open: c.open_count(),
@@ -179,7 +176,7 @@ pub struct BufferStats {
 
 /// The state of `engine`'s staging buffer budget.
 pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
-    let (budget, mapped, peak) = engine.buffer_pool().stats();
+    let (budget, mapped, peak) = engine.io().pool().stats();
     BufferStats {
         budget,
         mapped,
@@ -190,13 +187,13 @@ pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
 /// Segment maps kept with pooled files now, and their mapped bytes (within
 /// `max_read_memory`; see `io/keptmap.rs`).
 pub fn kept_maps(engine: &crate::Engine) -> (usize, u64) {
-    engine.io_handle().kept_maps().held()
+    engine.io().kept_maps().held()
 }
 
 /// Ops the I/O lanes' channels have room for now, summed over the lanes (0: a submit to any
 /// of them finds it full).
 pub fn lane_room(engine: &crate::Engine) -> usize {
-    engine.io_handle().lane_room()
+    engine.io().lane_room()
 }
 
 /// Turns the cooperative yielding of async calls (`spill/budget.rs`) on or off for the whole

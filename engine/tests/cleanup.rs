@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,8 @@ per_backend!(
     an_engine_that_dies_beside_a_live_one_is_swept_by_it_without_a_new_open,
     shutdown_keeps_its_budget_with_slow_deletes_queued,
     settle_waits_for_a_delete_handed_to_the_worker,
+    retry_now_deletes_a_few_waiting_names_on_the_callers_thread,
+    retry_now_leaves_more_than_64_waiting_names_to_the_worker,
 );
 
 const T: Duration = Duration::from_secs(20);
@@ -57,6 +60,90 @@ fn queue_records(
     });
     plan.clear(FaultPoint::IoUnlink);
     hold
+}
+
+/// Puts `n` name-only records in the cleanup queue whose worker tried them once, failed, and
+/// now waits out its retry delay (an hour); the faults are cleared.
+fn records_waiting_their_delay(engine: &Engine, plan: &FaultPlan, task: &TaskSpill, n: u64) {
+    let st = spill_segments(task, n);
+    plan.fail_always(FaultPoint::IoUnlink, libc::EIO);
+    plan.fail_always(FaultPoint::CleanupUnlink, libc::EIO);
+    drop(st);
+    wait_for("records queued and tried once", || {
+        let m = engine.metrics();
+        m.deletes_in_flight == 0 && m.cleanup_pending == n && m.cleanup_retries >= 1
+    });
+    // Let the worker go back to its wait.
+    thread::sleep(Duration::from_millis(100));
+    plan.clear_all();
+}
+
+fn retry_engine(dir: &std::path::Path, b: BackendKind, plan: &Arc<FaultPlan>) -> Engine {
+    Engine::open(
+        cfg(dir, b)
+            .segment_size(64 << 10)
+            .cleanup_batch(5)
+            .cleanup_retry_delay(Duration::from_secs(3600))
+            .fault_plan(plan.clone()),
+    )
+    .unwrap()
+}
+
+/// `retry_cleanup_now` with few names waiting and the worker idle deletes a batch of them
+/// (up to `cleanup_batch`) on the calling thread before it returns, and the worker the rest
+/// at once: no wake-up between the call and the first deletes.
+fn retry_now_deletes_a_few_waiting_names_on_the_callers_thread(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(9);
+    let engine = retry_engine(dir.path(), b, &plan);
+    let task = engine.task("retry-now").unwrap();
+    records_waiting_their_delay(&engine, &plan, &task, 8);
+    let each = Duration::from_millis(20);
+    plan.arm(
+        FaultPoint::CleanupUnlink,
+        FaultAction::Delay(each),
+        Trigger::Always,
+    );
+    let t = Instant::now();
+    engine.retry_cleanup_now();
+    let took = t.elapsed();
+    let m = engine.metrics();
+    assert!(
+        took >= 5 * each,
+        "returned after {took:?}: the caller did not delete its batch of 5"
+    );
+    assert!(m.cleanup_released >= 5, "{m:?}");
+    wait_for("the worker's 3", || engine.metrics().cleanup_released == 8);
+    assert_eq!(segment_files(dir.path()), 0);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// With more than 64 names waiting, `retry_cleanup_now` deletes none itself: it returns at
+/// once and the worker deletes them.
+fn retry_now_leaves_more_than_64_waiting_names_to_the_worker(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new(10);
+    let engine = retry_engine(dir.path(), b, &plan);
+    let task = engine.task("retry-many").unwrap();
+    records_waiting_their_delay(&engine, &plan, &task, 65);
+    // Whichever thread deletes first stops here.
+    let first = plan.pause_once(FaultPoint::CleanupUnlink);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let e = engine.clone();
+    thread::spawn(move || {
+        e.retry_cleanup_now();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(T).is_ok(),
+        "retry_cleanup_now did not return: it deleted on the caller's thread"
+    );
+    assert!(first.wait_reached(T), "the worker never retried");
+    first.release();
+    wait_for("the drain", || engine.metrics().cleanup_released == 65);
+    task.close();
+    assert_clean(&engine, dir.path());
 }
 
 fn matrixone_regression_confirmed_batch_then_failed_batch(b: BackendKind) {

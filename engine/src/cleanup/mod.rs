@@ -1,21 +1,13 @@
-//! Deleting files: the normal delete path (batched unlinks queued to an I/O thread) and the
-//! cleanup worker that owns name-only records of deletes whose outcome was not confirmed.
-//!
-//! A record names a directory index, a segment number and the quota pages its ticket holds, in
-//! eight bytes (sixteen when a field does not fit), in 1 KiB chunks that keep when their oldest
-//! record was queued (`store/records.rs`). It keeps no buffer, fd or mmap alive. Its ticket stays held
-//! until the delete is confirmed (or the file is found absent), so a long storage outage stops
-//! new spills at admission instead of growing memory.
-//!
-//! The worker deletes in batches. After each batch exactly the confirmed names release their
-//! tickets; the failed ones rotate to the back of the queue and the worker waits
-//! `cleanup_retry_delay` (plus jitter) only after a failure. After a success it takes the next
-//! ready record at once.
+//! Deleting files: the normal delete path ([`delete_segments`]: one unlink per file queued to
+//! an I/O thread; confirmed or absent names release their tickets, the others go to the
+//! cleanup worker's queue, `store/queue.rs`, tickets held), the segment pool's trims, the one
+//! reading of an unlink's outcome ([`Unlinked`]), the cleanup worker that retries the queued
+//! names (`worker`) and the crash sweep (`sweep`).
 
 pub(crate) mod sweep;
 mod worker;
 
-pub(crate) use worker::worker_loop;
+pub(crate) use worker::{retry_now, worker_loop};
 
 use std::io;
 use std::path::PathBuf;
@@ -24,7 +16,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::fault::FaultPoint;
-use crate::format::segment::SegmentFileName;
 use crate::io::{NameBuf, Op, OpKind, OpSink};
 use crate::metrics::Counters;
 use crate::shared::EngineShared;
@@ -47,21 +38,16 @@ pub struct CleanupReport {
 /// What the cleanup worker still holds, with up to five of the oldest paths.
 pub(crate) fn report(core: &EngineShared) -> CleanupReport {
     let queue = &core.store.cleanup;
-    let (mut oldest, sweeps_pending) = queue.queued();
+    let mut oldest = queue.records();
     oldest.sort_by_key(|r| r.since);
-    let examples = oldest
-        .iter()
-        .take(5)
-        .filter_map(|r| {
-            let d = core.store.dir(r.dir as usize)?;
-            Some(d.path.join(SegmentFileName::new(r.seg).as_str()))
-        })
-        .collect();
+    let examples = oldest.iter().take(5);
+    let examples =
+        examples.filter_map(|r| Some(core.store.dir(r.dir as usize)?.segment_path(r.seg)));
     CleanupReport {
         pending: queue.pending(),
         oldest_age_secs: queue.oldest_age(),
-        examples,
-        sweeps_pending,
+        examples: examples.collect(),
+        sweeps_pending: queue.sweeps_pending(),
     }
 }
 
@@ -86,7 +72,7 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
         // Read under the lock: a completion may already have taken an earlier entry.
         let target = batch.entries.lock()[i]
             .as_ref()
-            .map(|e| (e.dir.fd.clone(), seg_name(e.seg)));
+            .map(|e| (e.dir.fd.clone(), NameBuf::segment(e.seg)));
         let Some((dir, name)) = target else { continue };
         core.io.submit(
             lane,
@@ -94,7 +80,6 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
                 kind: OpKind::Unlink {
                     dir,
                     name,
-                    rmdir: false,
                     point: FaultPoint::IoUnlink,
                 },
                 sink: batch.clone(),
@@ -102,10 +87,6 @@ pub(crate) fn delete_segments(core: &Arc<EngineShared>, lane: usize, entries: Ve
             },
         );
     }
-}
-
-fn seg_name(seg: u32) -> NameBuf {
-    NameBuf::segment(seg)
 }
 
 /// A batch of segment deletes in flight on the normal path.
@@ -143,7 +124,7 @@ impl OpSink for DeleteBatch {
             }
             entry.retain(&self.core.store.cleanup);
         }
-        // Last: until the outcome is recorded (ticket released, record queued, rmdir queued),
+        // Last: until the outcome is recorded (ticket released or record queued),
         // the delete counts as in flight, so `pending_deletes` and `settle` never see a gap.
         Counters::add(&c.deletes_in_flight, u64::MAX); // -1
         self.core.store.cleanup.end();

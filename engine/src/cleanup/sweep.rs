@@ -29,11 +29,10 @@ pub(crate) fn claim_dead_engines(core: &EngineShared) {
 /// again (it sits inside this engine's process directory).
 pub(crate) fn delete_tree(core: &Arc<EngineShared>, path: &Path) {
     let mut files = 0u64;
-    let mut dirs = 0u64;
     let stop = || core.store.cleanup.stopping();
     let unlink =
         |p: &Path| fault_point!(SweepUnlink, core.fault).run((), || std::fs::remove_file(p));
-    let r = remove_tree(path, &mut files, &mut dirs, &stop, &unlink);
+    let r = remove_tree(path, &mut files, &stop, &unlink);
     Counters::add(&core.counters.orphan_files_swept, files);
     match r {
         Ok(()) => {
@@ -53,12 +52,11 @@ pub(crate) fn delete_tree(core: &Arc<EngineShared>, path: &Path) {
     }
 }
 
-/// Removes `path` and everything under it (files with `unlink`); stops with `Interrupted` as
-/// soon as `stop()` says so (checked before every unlink).
+/// Removes `path` and everything under it (files with `unlink`, counted in `files`); stops
+/// with `Interrupted` as soon as `stop()` says so (checked before every unlink).
 fn remove_tree(
     path: &Path,
     files: &mut u64,
-    dirs: &mut u64,
     stop: &dyn Fn() -> bool,
     unlink: &dyn Fn(&Path) -> io::Result<()>,
 ) -> io::Result<()> {
@@ -69,7 +67,7 @@ fn remove_tree(
         let entry = entry?;
         let p = entry.path();
         if entry.file_type()?.is_dir() {
-            remove_tree(&p, files, dirs, stop, unlink)?;
+            remove_tree(&p, files, stop, unlink)?;
         } else {
             match unlink(&p) {
                 Ok(()) => *files += 1,
@@ -79,7 +77,5 @@ fn remove_tree(
             }
         }
     }
-    std::fs::remove_dir(path)?;
-    *dirs += 1;
-    Ok(())
+    std::fs::remove_dir(path)
 }

@@ -70,7 +70,6 @@ impl OpSink for WorkerBatch {
 /// The cleanup worker: runs until [`CleanupQueue::stop`](crate::store::queue::CleanupQueue::stop).
 pub(crate) fn worker_loop(core: Arc<EngineShared>) {
     let cl = &core.store.cleanup;
-    let mut rng = core.id | 1;
     let take = || {
         let _ = crate::fault::check(&core.fault, FaultPoint::CleanupTake);
     };
@@ -82,73 +81,57 @@ pub(crate) fn worker_loop(core: Arc<EngineShared>) {
                 super::sweep::claim_dead_engines(&core);
                 rescan_at = Instant::now() + core.cfg.orphan_rescan;
             }
-            Work::Records(batch) => {
-                let failed = run_batch(&core, batch);
-                let retry_at = (!failed.is_empty()).then(|| {
-                    Counters::add(&core.counters.cleanup_retries, failed.len() as u64);
-                    // xorshift jitter of up to 25% of the delay.
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let base = core.cfg.cleanup_retry_delay;
-                    let jitter = base.mul_f64((rng % 1000) as f64 / 4000.0);
-                    Instant::now() + base + jitter
-                });
-                cl.put_back(&failed, retry_at);
-            }
+            Work::Records(batch) => retry(&core, batch),
             Work::Sweep(path) => super::sweep::delete_tree(&core, &path),
         }
     }
 }
 
-/// Batches up to this size run as plain `unlinkat` calls on the worker's thread; larger ones go
-/// to the ring, whose io-wq workers unlink in parallel.
+/// `Engine::retry_cleanup_now`: the delay is off; while the worker waits and at most
+/// [`INLINE_BATCH`] records are queued, the caller deletes a batch of them itself (it asked for
+/// now: no thread wake-up, done when it returns), and the worker is woken for the rest.
+pub(crate) fn retry_now(core: &Arc<EngineShared>) {
+    let cl = &core.store.cleanup;
+    let batch = cl.take_while_idle(INLINE_BATCH, core.cfg.cleanup_batch);
+    cl.retry_now();
+    if !batch.is_empty() {
+        retry(core, batch);
+    }
+}
+
+/// Deletes a batch and puts the failed records back, to wait `cleanup_retry_delay` plus a
+/// jitter of up to 25% (the clock's nanoseconds: engines that share a device retry apart).
+fn retry(core: &Arc<EngineShared>, batch: Vec<Record>) {
+    let failed = run_batch(core, batch);
+    let retry_at = (!failed.is_empty()).then(|| {
+        Counters::add(&core.counters.cleanup_retries, failed.len() as u64);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let base = core.cfg.cleanup_retry_delay;
+        Instant::now() + base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
+    });
+    core.store.cleanup.put_back(&failed, retry_at);
+}
+
+/// Batches up to this size run as plain `unlinkat` calls on the thread that runs the batch (the
+/// worker's, or `retry_now`'s caller's): [`unlink_here`]; larger ones go to the ring:
+/// [`unlink_on_ring`].
 const INLINE_BATCH: usize = 64;
 
 /// Deletes one batch of records; returns the ones that failed (whole, in order).
 fn run_batch(core: &Arc<EngineShared>, batch: Vec<Record>) -> Vec<Record> {
-    let n = batch.len();
     let started = std::time::Instant::now();
-    let sink = Arc::new(WorkerBatch::new(n));
-    for (i, r) in batch.iter().enumerate() {
-        let op = core
-            .store
-            .dir(r.dir as usize)
-            .map(|d| (d.fd.clone(), NameBuf::segment(r.seg)));
-        match op {
-            Some((fd, name)) => {
-                let mut op = Op {
-                    kind: OpKind::Unlink {
-                        dir: fd,
-                        name,
-                        rmdir: false,
-                        point: FaultPoint::CleanupUnlink,
-                    },
-                    sink: sink.clone(),
-                    token: i as u64,
-                };
-                if n <= INLINE_BATCH {
-                    // A small batch costs less as plain syscalls on this (the worker's own)
-                    // thread than as two thread hand-offs through a ring.
-                    if core.store.cleanup.stopping() {
-                        // Shutting down: what is not started stays queued (not attempted).
-                        sink.arrived();
-                        continue;
-                    }
-                    let res = core.io.run_inline(&mut op);
-                    op.complete(res);
-                } else {
-                    core.io.submit(0, op);
-                }
-            }
-            // No such directory (a record can only name a root in use): nothing to delete.
-            None => sink.complete(i as u64, Err(io::Error::from_raw_os_error(errno::ENOENT))),
-        }
-    }
-    let results = sink.wait();
+    let results = if batch.len() <= INLINE_BATCH {
+        unlink_here(core, &batch)
+    } else {
+        unlink_on_ring(core, &batch)
+    };
     // One latency per unlink: the batch's start to its end (the worker waits for all).
     let elapsed = started.elapsed();
     let mut failed = Vec::new();
+    let mut released = 0;
     for (r, res) in batch.into_iter().zip(results) {
         if res.is_some() {
             core.counters.latency.delete.record(elapsed);
@@ -169,10 +152,64 @@ fn run_batch(core: &Arc<EngineShared>, batch: Vec<Record>) -> Vec<Record> {
         core.store
             .ledger
             .release_retained_on(r.dir as usize, RetainedTicket::from_pages(r.pages));
-        Counters::add(&core.counters.cleanup_released, 1);
-        core.store.cleanup.record_done();
+        released += 1;
     }
+    // After the tickets: a record counts as pending until its ticket is back.
+    Counters::add(&core.counters.cleanup_released, released);
+    core.store.cleanup.records_done(released);
     failed
+}
+
+/// The unlink of `r`'s name, completing into `sink` as `token`; `None` when its directory
+/// index names no root in use (a record never does).
+fn unlink_op(core: &EngineShared, r: &Record, sink: Arc<dyn OpSink>, token: usize) -> Option<Op> {
+    let dir = core.store.dir(r.dir as usize)?;
+    Some(Op {
+        kind: OpKind::Unlink {
+            dir: dir.fd.clone(),
+            name: NameBuf::segment(r.seg),
+            point: FaultPoint::CleanupUnlink,
+        },
+        sink,
+        token: token as u64,
+    })
+}
+
+/// No such directory: nothing to delete.
+fn absent() -> io::Result<usize> {
+    Err(io::Error::from_raw_os_error(errno::ENOENT))
+}
+
+/// A small batch: plain syscalls on this thread, which cost less than two thread hand-offs
+/// through a ring. Each outcome in batch order; `None` for a record not attempted because the
+/// worker is stopping (it stays queued).
+fn unlink_here(core: &Arc<EngineShared>, batch: &[Record]) -> Vec<Option<io::Result<usize>>> {
+    // The ops are run here, never completed: their sink is only a placeholder.
+    let sink: Arc<dyn OpSink> = Arc::new(WorkerBatch::new(0));
+    let mut results = Vec::with_capacity(batch.len());
+    for (i, r) in batch.iter().enumerate() {
+        if core.store.cleanup.stopping() {
+            results.resize_with(batch.len(), || None);
+            break;
+        }
+        results.push(Some(match unlink_op(core, r, sink.clone(), i) {
+            Some(mut op) => core.io.run_inline(&mut op),
+            None => absent(),
+        }));
+    }
+    results
+}
+
+/// A large batch: queued to the ring, whose io-wq workers unlink in parallel, and waited for.
+fn unlink_on_ring(core: &Arc<EngineShared>, batch: &[Record]) -> Vec<Option<io::Result<usize>>> {
+    let sink = Arc::new(WorkerBatch::new(batch.len()));
+    for (i, r) in batch.iter().enumerate() {
+        match unlink_op(core, r, sink.clone(), i) {
+            Some(op) => core.io.submit(0, op),
+            None => sink.complete(i as u64, absent()),
+        }
+    }
+    sink.wait()
 }
 
 #[cfg(all(test, loom))]

@@ -102,6 +102,18 @@ fn to_usize(bytes: u64) -> usize {
     usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
+/// Builder setters that only store their argument: `name: Type;` makes
+/// `pub fn name(mut self, v: Type) -> Self`, with the docs above it.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $($(#[$doc])*
+        pub fn $name(mut self, v: $ty) -> Self {
+            self.$name = v;
+            self
+        })*
+    };
+}
+
 impl EngineConfig {
     /// A configuration with one spill root and every other field at its default.
     ///
@@ -162,14 +174,83 @@ impl EngineConfig {
         self
     }
 
-    /// Most segment files on disk that the engine must still delete (one ticket each). A create
-    /// past it fails with [`SpillError::LedgerFull`], or [`SpillError::WriterCannotFit`] when
-    /// the writer's own segments hold every ticket (it can never get another: with
-    /// `ticket_capacity(1)` a writer never gets a second segment). Pooled segment files hold
-    /// tickets too and are deleted first. Default 65,536. Bounds: 1..=16,777,216.
-    pub fn ticket_capacity(mut self, tickets: usize) -> Self {
-        self.ticket_capacity = tickets;
-        self
+    setters! {
+        /// Most segment files on disk that the engine must still delete (one ticket each). A create
+        /// past it fails with [`SpillError::LedgerFull`], or [`SpillError::WriterCannotFit`] when
+        /// the writer's own segments hold every ticket (it can never get another: with
+        /// `ticket_capacity(1)` a writer never gets a second segment). Pooled segment files hold
+        /// tickets too and are deleted first. Default 65,536. Bounds: 1..=16,777,216.
+        ticket_capacity: usize;
+        /// Buffered (page cache) or direct (`O_DIRECT`). Default [`WriteMode::Buffered`].
+        mode: WriteMode;
+        /// I/O backend. Default [`BackendKind::Auto`].
+        backend: BackendKind;
+        /// Number of I/O threads (each with its own ring); writers are spread over them. Default 1.
+        /// Bounds: 1..=64.
+        ring_threads: usize;
+        /// Submission queue entries per ring (the completion queue is twice this). Default 256.
+        /// Bounds: 8..=32,768, a power of two.
+        ring_entries: u32;
+        /// Writes one writer may have in flight before `write` blocks (its in-flight budget).
+        /// Default 8 (1 MiB x qd 8 is the best fio job on this machine kind). Bounds: 1..=1024.
+        queue_depth: usize;
+        /// Staging buffers registered with each ring (fixed buffers for `O_DIRECT`). Registration
+        /// is best effort: a refusal (e.g. `RLIMIT_MEMLOCK`) just leaves buffers unregistered.
+        /// Default 64. Bounds: 0..=16,384.
+        registered_buffers: usize;
+        /// How each block of records (a staging buffer's worth) is compressed. Default
+        /// [`Compression::None`]: no CPU spent and every read a view of the file; `Auto` compresses
+        /// when space runs short (the quota or the root filling) and otherwise only where the saved
+        /// device time pays for the CPU (see [`Compression::Auto`]). A large record written without
+        /// a copy is always raw.
+        compression: Compression;
+        /// Encrypt blocks (AES-256-GCM, `ring`) with a random key made at `Engine::open`, held only
+        /// in the engine's memory and never written: segments are readable by that engine alone,
+        /// while it lives (`SegmentReader` and other engines refuse them with `Corrupt`). A
+        /// published state of an encrypted engine is refused. Blocks are compressed (per
+        /// `compression`) before they are encrypted; no record is read zero-copy from the file.
+        /// Default false.
+        encryption: bool;
+        /// Preallocate each segment (`fallocate`, keeping the file size), so a full disk fails at
+        /// rotation rather than mid-record. Costs disk for the unused tail of the last segment.
+        /// Default false.
+        preallocate: bool;
+        /// How long the cleanup worker waits after a failed delete before the next attempt (a
+        /// jitter of up to 25% is added). Default 1 s. Bounds: 1 ms..=1 h.
+        cleanup_retry_delay: Duration;
+        /// How often the cleanup worker looks again for the directories of engines that died (or
+        /// were dropped with deletes left) while this engine runs, and claims and sweeps them in
+        /// the background, as `open` does once. Without it, an engine that died beside a
+        /// long-running one would leave its files until the next `open` on the root. Default 60 s.
+        /// Bounds: 1 ms..=24 h.
+        orphan_rescan: Duration;
+        /// Most names the cleanup worker deletes in one batch. Default 1,000. Bounds: 1..=65,536.
+        cleanup_batch: usize;
+        /// Most released segment files the pool keeps for reuse (0 turns the pool off). A pooled
+        /// file holds its ticket and counts in the quota; a writer that finds the ledger or quota
+        /// full trims the pool before it is refused. Default 256. Bounds: 0..=65,536.
+        pool_max_segments: usize;
+        /// Most bytes the pooled files may hold on disk (0 turns the pool off). Default 1 GiB.
+        /// Bounds: any.
+        pool_max_bytes: u64;
+        /// Most segment fds the engine holds at once, over every backend: open writers' fds, and
+        /// the fds sealed segments keep (a finished segment keeps its writer's fd, which its reader
+        /// and, once the file is in the segment pool, the next writer use instead of opening it by
+        /// name). An idle fd (no write or read in flight) may be closed for another (least recently
+        /// used first): a writer reopens its segment by name when it next writes, a reader opens it
+        /// by name. When every fd is busy, a writer that needs one waits until a write completes.
+        /// When the OS has no descriptor left (EMFILE/ENFILE, e.g. a soft `RLIMIT_NOFILE` below
+        /// this bound), the engine closes an idle fd of its own and retries; with none it can
+        /// close, the call fails with [`SpillError::TooManyOpenFiles`]. The engine leaves the host
+        /// headroom: it holds at most half of the process's soft `RLIMIT_NOFILE` as it is at
+        /// `Engine::open` (so under `ulimit -n 256` the bound is 128, whatever this says). Default
+        /// 1,024. Bounds: 1..=1,048,576.
+        max_open_files: usize;
+        /// How long a root whose creates failed with EIO/ENOSPC/EROFS is skipped. Default 30 s.
+        /// Bounds: 0..=1 h.
+        root_skip: Duration;
+        /// Budget of the shutdown that dropping the engine runs. Default 5 s. Bounds: 0..=1 h.
+        shutdown_budget: Duration;
     }
 
     /// Most bytes live segments may hold on disk, checked when a segment is reserved. Past it,
@@ -190,53 +271,12 @@ impl EngineConfig {
         self
     }
 
-    /// Buffered (page cache) or direct (`O_DIRECT`). Default [`WriteMode::Buffered`].
-    pub fn mode(mut self, mode: WriteMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// I/O backend. Default [`BackendKind::Auto`].
-    pub fn backend(mut self, backend: BackendKind) -> Self {
-        self.backend = backend;
-        self
-    }
-
-    /// Number of I/O threads (each with its own ring); writers are spread over them.
-    /// Default 1. Bounds: 1..=64.
-    pub fn ring_threads(mut self, n: usize) -> Self {
-        self.ring_threads = n;
-        self
-    }
-
-    /// Submission queue entries per ring (the completion queue is twice this). Default 256.
-    /// Bounds: 8..=32,768, a power of two.
-    pub fn ring_entries(mut self, n: u32) -> Self {
-        self.ring_entries = n;
-        self
-    }
-
     /// Size of one staging buffer: small records are coalesced into buffers of this size, and
     /// each full buffer is one write. Default: the smaller of 1 MiB and the segment size.
     /// Bounds: 4 KiB..=64 MiB, a multiple of 4096, at most the segment size.
     pub fn io_buffer_size(mut self, bytes: u64) -> Self {
         self.io_buffer_size = to_usize(bytes);
         self.explicit.io_buffer_size = true;
-        self
-    }
-
-    /// Writes one writer may have in flight before `write` blocks (its in-flight budget).
-    /// Default 8 (1 MiB x qd 8 is the best fio job on this machine kind). Bounds: 1..=1024.
-    pub fn queue_depth(mut self, n: usize) -> Self {
-        self.queue_depth = n;
-        self
-    }
-
-    /// Staging buffers registered with each ring (fixed buffers for `O_DIRECT`). Registration is
-    /// best effort: a refusal (e.g. `RLIMIT_MEMLOCK`) just leaves buffers unregistered.
-    /// Default 64. Bounds: 0..=16,384.
-    pub fn registered_buffers(mut self, n: usize) -> Self {
-        self.registered_buffers = n;
         self
     }
 
@@ -263,73 +303,6 @@ impl EngineConfig {
         self
     }
 
-    /// How each block of records (a staging buffer's worth) is compressed. Default
-    /// [`Compression::None`]: no CPU spent and every read a view of the file; `Auto`
-    /// compresses when space runs short (the quota or the root filling) and otherwise only
-    /// where the saved device time pays for the CPU (see [`Compression::Auto`]). A large
-    /// record written without a copy is always raw.
-    pub fn compression(mut self, c: Compression) -> Self {
-        self.compression = c;
-        self
-    }
-
-    /// Encrypt blocks (AES-256-GCM, `ring`) with a random key made at `Engine::open`, held only
-    /// in the engine's memory and never written: segments are readable by that engine alone,
-    /// while it lives (`SegmentReader` and other engines refuse them with `Corrupt`). A
-    /// published state of an encrypted engine is refused. Blocks are compressed (per
-    /// `compression`) before they are encrypted; no record is read zero-copy from the file.
-    /// Default false.
-    pub fn encryption(mut self, on: bool) -> Self {
-        self.encryption = on;
-        self
-    }
-
-    /// Preallocate each segment (`fallocate`, keeping the file size), so a full disk fails at
-    /// rotation rather than mid-record. Costs disk for the unused tail of the last segment.
-    /// Default false.
-    pub fn preallocate(mut self, on: bool) -> Self {
-        self.preallocate = on;
-        self
-    }
-
-    /// How long the cleanup worker waits after a failed delete before the next attempt (a
-    /// jitter of up to 25% is added). Default 1 s. Bounds: 1 ms..=1 h.
-    pub fn cleanup_retry_delay(mut self, delay: Duration) -> Self {
-        self.cleanup_retry_delay = delay;
-        self
-    }
-
-    /// How often the cleanup worker looks again for the directories of engines that died (or
-    /// were dropped with deletes left) while this engine runs, and claims and sweeps them in
-    /// the background, as `open` does once. Without it, an engine that died beside a
-    /// long-running one would leave its files until the next `open` on the root. Default 60 s.
-    /// Bounds: 1 ms..=24 h.
-    pub fn orphan_rescan(mut self, every: Duration) -> Self {
-        self.orphan_rescan = every;
-        self
-    }
-
-    /// Most names the cleanup worker deletes in one batch. Default 1,000. Bounds: 1..=65,536.
-    pub fn cleanup_batch(mut self, n: usize) -> Self {
-        self.cleanup_batch = n;
-        self
-    }
-
-    /// Most released segment files the pool keeps for reuse (0 turns the pool off). A pooled
-    /// file holds its ticket and counts in the quota; a writer that finds the ledger or quota
-    /// full trims the pool before it is refused. Default 256. Bounds: 0..=65,536.
-    pub fn pool_max_segments(mut self, n: usize) -> Self {
-        self.pool_max_segments = n;
-        self
-    }
-
-    /// Most bytes the pooled files may hold on disk (0 turns the pool off). Default 1 GiB.
-    /// Bounds: any.
-    pub fn pool_max_bytes(mut self, bytes: u64) -> Self {
-        self.pool_max_bytes = bytes;
-        self
-    }
-
     /// Segments written up to this many bytes are read back with one `pread` into a buffer of
     /// their own; larger ones are mapped (records are then zero-copy views of the map). For a
     /// small segment the copy costs less than map + fault + unmap. 0 maps every segment.
@@ -352,36 +325,6 @@ impl EngineConfig {
     pub fn max_read_memory(mut self, bytes: u64) -> Self {
         self.max_read_memory = to_usize(bytes);
         self.explicit.max_read_memory = true;
-        self
-    }
-
-    /// Most segment fds the engine holds at once, over every backend: open writers' fds, and
-    /// the fds sealed segments keep (a finished segment keeps its writer's fd, which its
-    /// reader and, once the file is in the segment pool, the next writer use instead of
-    /// opening it by name). An idle fd (no write or read in flight) may be closed for another
-    /// (least recently used first): a writer reopens its segment by name when it next writes,
-    /// a reader opens it by name. When every fd is busy, a writer that needs one waits until a
-    /// write completes. When the OS has no descriptor left (EMFILE/ENFILE, e.g. a soft
-    /// `RLIMIT_NOFILE` below this bound), the engine closes an idle fd of its own and retries;
-    /// with none it can close, the call fails with [`SpillError::TooManyOpenFiles`].
-    /// The engine leaves the host headroom: it holds at most half of the process's soft
-    /// `RLIMIT_NOFILE` as it is at `Engine::open` (so under `ulimit -n 256` the bound is 128,
-    /// whatever this says). Default 1,024. Bounds: 1..=1,048,576.
-    pub fn max_open_files(mut self, n: usize) -> Self {
-        self.max_open_files = n;
-        self
-    }
-
-    /// How long a root whose creates failed with EIO/ENOSPC/EROFS is skipped. Default 30 s.
-    /// Bounds: 0..=1 h.
-    pub fn root_skip(mut self, d: Duration) -> Self {
-        self.root_skip = d;
-        self
-    }
-
-    /// Budget of the shutdown that dropping the engine runs. Default 5 s. Bounds: 0..=1 h.
-    pub fn shutdown_budget(mut self, d: Duration) -> Self {
-        self.shutdown_budget = d;
         self
     }
 

@@ -48,9 +48,19 @@ impl EngineConfig {
                 got: got.to_string(),
             })
         }
-        if self.roots.is_empty() || self.roots.len() > 64 {
-            return bad("roots", "1..=64", self.roots.len());
+        /// `v` in `lo..=hi`, else the error that says so.
+        fn within<T: PartialOrd + Copy + std::fmt::Display>(
+            f: &'static str,
+            lo: T,
+            hi: T,
+            v: T,
+        ) -> Result<()> {
+            if (lo..=hi).contains(&v) {
+                return Ok(());
+            }
+            bad(f, format!("{lo}..={hi}"), v)
         }
+        within("roots", 1, 64, self.roots.len())?;
         for (i, r) in self.roots.iter().enumerate() {
             if r.as_os_str().is_empty() {
                 return bad("roots", "non-empty paths", "an empty path");
@@ -72,13 +82,12 @@ impl EngineConfig {
                 self.segment_size,
             );
         }
-        if !(1..=MAX_TICKET_CAPACITY).contains(&self.ticket_capacity) {
-            return bad(
-                "ticket_capacity",
-                format!("1..={MAX_TICKET_CAPACITY}"),
-                self.ticket_capacity,
-            );
-        }
+        within(
+            "ticket_capacity",
+            1,
+            MAX_TICKET_CAPACITY,
+            self.ticket_capacity,
+        )?;
         if let Some(q) = self.max_spill_bytes
             && q < self.segment_size
         {
@@ -88,9 +97,7 @@ impl EngineConfig {
                 q,
             );
         }
-        if !(1..=64).contains(&self.ring_threads) {
-            return bad("ring_threads", "1..=64", self.ring_threads);
-        }
+        within("ring_threads", 1, 64, self.ring_threads)?;
         if !(8..=32_768).contains(&self.ring_entries) || !self.ring_entries.is_power_of_two() {
             return bad(
                 "ring_entries",
@@ -108,9 +115,7 @@ impl EngineConfig {
                 self.io_buffer_size,
             );
         }
-        if !(1..=1024).contains(&self.queue_depth) {
-            return bad("queue_depth", "1..=1024", self.queue_depth);
-        }
+        within("queue_depth", 1, 1024, self.queue_depth)?;
         if !(self.io_buffer_size..=MAX_BUFFER_MEMORY).contains(&self.max_buffer_memory) {
             return bad(
                 "max_buffer_memory",
@@ -118,9 +123,7 @@ impl EngineConfig {
                 self.max_buffer_memory,
             );
         }
-        if self.registered_buffers > 16_384 {
-            return bad("registered_buffers", "0..=16384", self.registered_buffers);
-        }
+        within("registered_buffers", 0, 16_384, self.registered_buffers)?;
         if let Compression::Zstd { level } = self.compression
             && !(-7..=22).contains(&level)
         {
@@ -148,25 +151,13 @@ impl EngineConfig {
                 format!("{:?}", self.orphan_rescan),
             );
         }
-        if self.read_buffer_max > 64 << 20 {
-            return bad("read_buffer_max", "0..=67108864", self.read_buffer_max);
-        }
+        within("read_buffer_max", 0, 64 << 20, self.read_buffer_max)?;
         if self.max_read_memory > MAX_BUFFER_MEMORY {
             return bad("max_read_memory", "0..=1 TiB", self.max_read_memory);
         }
-        if !(1..=MAX_OPEN_FILES).contains(&self.max_open_files) {
-            return bad(
-                "max_open_files",
-                format!("1..={MAX_OPEN_FILES}"),
-                self.max_open_files,
-            );
-        }
-        if self.pool_max_segments > 65_536 {
-            return bad("pool_max_segments", "0..=65536", self.pool_max_segments);
-        }
-        if !(1..=65_536).contains(&self.cleanup_batch) {
-            return bad("cleanup_batch", "1..=65536", self.cleanup_batch);
-        }
+        within("max_open_files", 1, MAX_OPEN_FILES, self.max_open_files)?;
+        within("pool_max_segments", 0, 65_536, self.pool_max_segments)?;
+        within("cleanup_batch", 1, 65_536, self.cleanup_batch)?;
         if self.root_skip > hour {
             return bad("root_skip", "at most 1 h", format!("{:?}", self.root_skip));
         }

@@ -73,18 +73,8 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// The bound on writers' segment fds (for `testing::fd_stats`).
-    pub(crate) fn fd_cache(&self) -> &Arc<crate::io::FdCache> {
-        self.inner.core.io.fds()
-    }
-
-    /// The staging buffer pool and its budget (for `testing::buffer_stats`).
-    pub(crate) fn buffer_pool(&self) -> &Arc<crate::io::BufferPool> {
-        self.inner.core.io.pool()
-    }
-
-    /// The engine's I/O handle (for `testing::lane_room`).
-    pub(crate) fn io_handle(&self) -> &crate::io::IoHandle {
+    /// The engine's I/O handle (for `testing`'s probes).
+    pub(crate) fn io(&self) -> &crate::io::IoHandle {
         &self.inner.core.io
     }
 
@@ -112,8 +102,7 @@ impl Engine {
 
     /// What the cleanup worker still holds, for operators.
     pub fn cleanup_report(&self) -> CleanupReport {
-        let core = &self.inner.core;
-        crate::cleanup::report(core)
+        crate::cleanup::report(&self.inner.core)
     }
 
     /// The backend that runs (`Backend::as_str` gives "io_uring" or "psync").
@@ -166,7 +155,8 @@ impl Engine {
     /// for tests of the worker's rotation order.
     #[doc(hidden)]
     pub fn cleanup_queue_snapshot(&self) -> Vec<(u32, u32)> {
-        self.inner.core.store.cleanup.snapshot()
+        let records = self.inner.core.store.cleanup.records();
+        records.iter().map(|r| (r.dir, r.seg)).collect()
     }
 
     /// Deletes every file the segment pool holds (queued, like every delete) and returns how
@@ -231,22 +221,17 @@ impl Engine {
         for v in core.store.pool.views() {
             out.push(OwnedFile::of(v, FileKind::Pooled, None, &root_of));
         }
-        for (r, age) in core.store.cleanup.file_records() {
+        for r in core.store.cleanup.records() {
             let Some(dir) = core.store.dir(r.dir as usize) else {
                 continue;
             };
-            let path = dir
-                .path
-                .join(crate::format::segment::SegmentFileName::new(r.seg).as_str());
-            out.push(OwnedFile {
-                path,
-                root: root_of(dir.root),
-                task: None,
-                kind: FileKind::AwaitingDelete,
-                size: None,
+            let v = EntryView {
+                root: dir.root,
+                path: dir.segment_path(r.seg),
                 reserved: u64::from(r.pages) * crate::store::ledger::PAGE,
-                age,
-            });
+                age: core.store.cleanup.age(&r),
+            };
+            out.push(OwnedFile::of(v, FileKind::AwaitingDelete, None, &root_of));
         }
         for f in &mut out {
             f.size = std::fs::symlink_metadata(&f.path).ok().map(|m| m.len());
@@ -254,9 +239,12 @@ impl Engine {
         out
     }
 
-    /// Lets the cleanup worker retry failed deletes now instead of after its delay.
+    /// Retries failed deletes now instead of after the cleanup worker's delay. When the worker
+    /// is idle and at most 64 names wait, this thread deletes them itself (a batch of up to
+    /// `cleanup_batch`) before it returns, without waking the worker; otherwise the worker
+    /// retries them at once.
     pub fn retry_cleanup_now(&self) {
-        self.inner.core.store.cleanup.retry_now();
+        crate::cleanup::retry_now(&self.inner.core);
     }
 
     /// Stops admission (new tasks and writers fail with `Closed`), aborts task scopes still
@@ -327,7 +315,7 @@ impl OwnedFile {
 
 /// A snapshot of the metrics: the counters, and what the engine's parts hold now.
 fn metrics(core: &EngineShared) -> Metrics {
-    let pool = core.store.pool.level();
+    let (pool_segments, pool_bytes) = core.store.pool.level();
     let c = &core.counters;
     let ledger = &core.store.ledger;
     let roots = ledger.per_root().into_iter().zip(core.store.roots.paths());
@@ -351,8 +339,8 @@ fn metrics(core: &EngineShared) -> Metrics {
         spill_bytes_in_use: ledger.bytes_used(),
         cleanup_pending: core.store.cleanup.pending(),
         cleanup_oldest_age_secs: core.store.cleanup.oldest_age(),
-        pool_segments: pool.segments,
-        pool_bytes: pool.bytes,
+        pool_segments,
+        pool_bytes,
         staging_buffer_bytes: core.io.pool().stats().1 as u64,
         kept_map_bytes: core.io.kept_maps().held().1,
         open_fds: core.io.fds().open_count() as u64,

@@ -15,8 +15,8 @@ use crate::metrics::Counters;
 use crate::shared::EngineShared;
 use crate::store::Store;
 use crate::store::ledger::Ledger;
+use crate::store::marks::DeleteMarks;
 use crate::store::pool::SegmentPool;
-use crate::store::proc::ProcDir;
 use crate::store::proc::{self, random_id};
 use crate::store::queue::CleanupQueue;
 use crate::store::roots::{Roots, probe_direct};
@@ -53,30 +53,24 @@ impl Engine {
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
         let cfg = cfg.resolved();
         cfg.check()?;
-        let key = if cfg.encryption {
-            Some(
-                crate::shared::make_key()
-                    .map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?,
-            )
-        } else {
-            None
-        };
+        let key = cfg.encryption.then(crate::shared::make_key).transpose();
+        let key = key.map_err(|e| SpillError::io("make encryption key", PathBuf::new(), e))?;
         let thread_err = |e: io::Error| SpillError::io("start thread", PathBuf::new(), e);
         let (reaper, reaper_thread) = Reaper::start().map_err(thread_err)?;
         let cleanup = Arc::new(CleanupQueue::new(cfg.ticket_capacity));
-        let opened = open_roots(&cfg, &reaper, &cleanup)?;
+        let (id, roots, unusable) = open_roots(&cfg, &reaper, &cleanup)?;
         // A failure from here on must not leave our directories behind: nothing of a dead
         // engine was moved into them yet (that comes last), so they are empty.
         if cfg.mode == WriteMode::Direct
-            && let Err(e) = probe_direct(&opened.proc_dirs)
+            && let Err(e) = probe_direct(roots.proc_dirs())
         {
-            opened.undo();
+            roots.remove_dirs();
             return Err(e);
         }
         let io = match start_io(&cfg, &reaper) {
             Ok(io) => io,
             Err(e) => {
-                opened.undo();
+                roots.remove_dirs();
                 // Only a forced `Uring` gets here from io_uring (`Auto` falls back).
                 return Err(if cfg.backend == BackendKind::Uring {
                     SpillError::UringUnavailable {
@@ -88,20 +82,14 @@ impl Engine {
                 });
             }
         };
-        let OpenedRoots {
-            id,
-            paths,
-            proc_dirs,
-            created,
-            unusable,
-        } = opened;
-        let n_roots = paths.len();
-        let store = Store::new(
-            Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
-            Roots::new(paths, proc_dirs, created, cfg.root_skip),
+        let n_roots = roots.paths().len();
+        let store = Store {
+            ledger: Ledger::with_roots(cfg.ticket_capacity, cfg.max_spill_bytes, n_roots),
+            roots,
             cleanup,
-            SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
-        );
+            pool: SegmentPool::new(n_roots, cfg.pool_max_segments, cfg.pool_max_bytes),
+            delete_marks: DeleteMarks::default(),
+        };
         let core = Arc::new(EngineShared::new(cfg, id, io, store, key));
         Counters::add(&core.counters.roots_unusable, unusable);
         let worker_core = core.clone();
@@ -112,10 +100,7 @@ impl Engine {
             Ok(t) => t,
             Err(e) => {
                 core.io.shutdown();
-                for pd in core.store.roots.proc_dirs() {
-                    let _ = std::fs::remove_dir(&pd.path);
-                }
-                proc::remove_created(core.store.roots.created());
+                core.store.roots.remove_dirs();
                 return Err(thread_err(e));
             }
         };
@@ -135,74 +120,47 @@ impl Engine {
     }
 }
 
-/// The roots an open could use, with this engine's locked directory under each.
-struct OpenedRoots {
-    id: u64,
-    /// The roots in use, in configuration order.
-    paths: Vec<PathBuf>,
-    proc_dirs: Vec<Arc<ProcDir>>,
-    /// Per root in use, the directories created for it (top first).
-    created: Vec<Vec<PathBuf>>,
-    /// Roots skipped for an OS error.
-    unusable: u64,
-}
-
-impl OpenedRoots {
-    /// Removes what the open made: our (empty) directories and the roots it created.
-    fn undo(&self) {
-        for pd in &self.proc_dirs {
-            let _ = std::fs::remove_dir(&pd.path);
-        }
-        proc::remove_created(self.created.iter().flatten());
-    }
-}
-
 /// Makes each root a directory (creating a missing one) and creates and locks this engine's
-/// directory under it. A root that is not a directory fails the open; one that fails with an
-/// OS error is skipped (warned, counted) if another works, else the first root's error is
-/// returned. On a failure, removes everything it made.
+/// directory under it: the engine's id, its roots, and how many roots it skipped. A root that
+/// is not a directory fails the open; one that fails with an OS error is skipped (warned,
+/// counted) if another works, else the first root's error is returned. On a failure, removes
+/// everything it made.
 fn open_roots(
     cfg: &EngineConfig,
     reaper: &Reaper,
     cleanup: &Arc<CleanupQueue>,
-) -> Result<OpenedRoots> {
-    let mut o = OpenedRoots {
-        id: random_id(),
-        paths: Vec::with_capacity(cfg.roots.len()),
-        proc_dirs: Vec::with_capacity(cfg.roots.len()),
-        created: Vec::with_capacity(cfg.roots.len()),
-        unusable: 0,
-    };
+) -> Result<(u64, Roots, u64)> {
+    let mut id = random_id();
+    let (mut paths, mut proc_dirs, mut created) = (Vec::new(), Vec::new(), Vec::new());
     let mut first_err = None;
     let mut skipped = Vec::new();
     for root in &cfg.roots {
-        let made = proc::prepare_root(root).and_then(|created| {
-            match proc::make_own(root, o.paths.len(), &mut o.id, reaper, cleanup) {
-                Ok(pd) => Ok((pd, created)),
+        let made = proc::prepare_root(root).and_then(|made| {
+            match proc::make_own(root, paths.len(), &mut id, reaper, cleanup) {
+                Ok(pd) => Ok((pd, made)),
                 Err(e) => {
-                    proc::remove_created(created.iter());
+                    proc::remove_created(made.iter());
                     Err(e)
                 }
             }
         });
         match made {
-            Ok((pd, created)) => {
-                o.paths.push(root.clone());
-                o.proc_dirs.push(pd);
-                o.created.push(created);
+            Ok((pd, made)) => {
+                paths.push(root.clone());
+                proc_dirs.push(pd);
+                created.push(made);
             }
             Err(e @ SpillError::RootNotADirectory { .. }) => {
-                o.undo();
+                Roots::new(paths, proc_dirs, created, cfg.root_skip).remove_dirs();
                 return Err(e);
             }
             Err(e) => {
-                o.unusable += 1;
                 skipped.push((root.clone(), e.to_string()));
                 first_err.get_or_insert(e);
             }
         }
     }
-    if o.proc_dirs.is_empty() {
+    if proc_dirs.is_empty() {
         // No root works: the open fails with the first root's error, and nothing is skipped.
         return Err(first_err.unwrap_or_else(|| SpillError::InvalidConfig {
             field: "roots",
@@ -210,11 +168,12 @@ fn open_roots(
             got: "0".into(),
         }));
     }
-    for (root, error) in skipped {
+    for (root, error) in &skipped {
         tracing::warn!(root = %root.display(), error = %error,
             "spill root unusable at open; this engine skips it");
     }
-    Ok(o)
+    let roots = Roots::new(paths, proc_dirs, created, cfg.root_skip);
+    Ok((id, roots, skipped.len() as u64))
 }
 
 /// Starts the configured backend (io_uring, falling back to psync under `Auto`).

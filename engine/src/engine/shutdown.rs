@@ -1,13 +1,10 @@
 //! Shutting the engine down: on `Engine::shutdown` or the drop of the last handle, within
 //! a budget, and what it reports.
 
-use std::os::fd::AsFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::spill::task::TaskShared;
-use crate::store::proc;
-use crate::sys::fs;
 
 use super::EngineInner;
 
@@ -52,24 +49,9 @@ impl EngineInner {
             tracing::error!("spillring cleanup worker panicked");
         }
         core.io.shutdown();
-        // Our process directories go too when nothing is left in them; otherwise the next
-        // open (of any engine on the root) sweeps them.
-        let mut dirs_left = 0;
-        for pd in core.store.roots.proc_dirs() {
-            let removed = if let Some(parent) = pd.path.parent()
-                && let Some(name) = pd.path.file_name()
-                && let (Ok(pfd), Ok(cname)) = (
-                    fs::open_dir(parent),
-                    std::ffi::CString::new(name.as_encoded_bytes()),
-                ) {
-                fs::unlinkat(pfd.as_fd(), &cname, true).is_ok()
-            } else {
-                false
-            };
-            dirs_left += u64::from(!removed);
-        }
-        // And the roots the open created, when empty.
-        proc::remove_created(core.store.roots.created());
+        // Our process directories go too when nothing is left in them (otherwise the next
+        // open, of any engine on the root, sweeps them), and the roots the open created.
+        let dirs_left = core.store.roots.remove_dirs();
         // The final closes of deleted files free their blocks: wait for them within the
         // budget (and a short grace, so a prompt shutdown still returns with its fds closed).
         let reaped_by = deadline.max(Instant::now() + REAPER_GRACE);

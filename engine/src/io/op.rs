@@ -177,11 +177,10 @@ pub(crate) enum OpKind {
         offset: u64,
         data: WriteData,
     },
-    /// `unlinkat(dir, name, rmdir ? AT_REMOVEDIR : 0)`.
+    /// `unlinkat(dir, name, 0)` (a segment's name; `point` is the path's fault point).
     Unlink {
         dir: Arc<FileHandle>,
         name: NameBuf,
-        rmdir: bool,
         point: FaultPoint,
     },
     /// The op in the slot, unless its submitter took it back to run it itself (see

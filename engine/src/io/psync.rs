@@ -78,9 +78,9 @@ pub(crate) fn execute(kind: &OpKind) -> io::Result<usize> {
                 pwrite_all(file.as_fd(), frame, payload, *offset)
             }
         },
-        OpKind::Unlink {
-            dir, name, rmdir, ..
-        } => crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), *rmdir).map(|()| 0),
+        OpKind::Unlink { dir, name, .. } => {
+            crate::sys::fs::unlinkat(dir.as_fd(), name.as_cstr(), false).map(|()| 0)
+        }
         // Resolved before it runs (`Op::resolve`): never executed itself.
         OpKind::InSlot(_) => Err(io::Error::from(io::ErrorKind::InvalidInput)),
     }

@@ -66,34 +66,6 @@ impl Histogram {
     }
 }
 
-/// The engine's latency histograms, one per stage.
-#[derive(Debug, Default)]
-pub(crate) struct Latencies {
-    /// The caller's time in `SpillWriter::write`, `write_slice` and `write_async`, and in a
-    /// slot's `record` plus its `commit`.
-    pub write: Histogram,
-    /// Opening a segment (a rotation): ticket, create or pooled reuse, allocation, abort check.
-    pub rotate: Histogram,
-    /// `SpillWriter::finish` / `finish_async`, start to hand-off.
-    pub finish: Histogram,
-    /// A reader opening a segment: open, `pread` or map, header check.
-    pub read: Histogram,
-    /// One unlink, from its batch's submission to its completion.
-    pub delete: Histogram,
-}
-
-impl Latencies {
-    pub(crate) fn snapshot(&self) -> LatencyMetrics {
-        LatencyMetrics {
-            write: self.write.snapshot(),
-            rotate: self.rotate.snapshot(),
-            finish: self.finish.snapshot(),
-            read: self.read.snapshot(),
-            delete: self.delete.snapshot(),
-        }
-    }
-}
-
 /// A snapshot of one latency histogram, with Prometheus's cumulative buckets.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[non_exhaustive]
@@ -124,61 +96,60 @@ impl LatencyHistogram {
     }
 }
 
-/// Latency histograms of a spill's stages.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-#[non_exhaustive]
-pub struct LatencyMetrics {
+/// Makes, from one table of the spill's stages (docs, field, Prometheus name and help), the
+/// engine's histograms ([`Latencies`]), their snapshot ([`LatencyMetrics`]) and its rows
+/// ([`LatencyMetrics::named`]).
+macro_rules! latencies {
+    ($($(#[$doc:meta])* $f:ident: $name:literal $help:literal;)*) => {
+        /// The engine's latency histograms, one per stage.
+        #[derive(Debug, Default)]
+        pub(crate) struct Latencies {
+            $(pub $f: Histogram,)*
+        }
+
+        impl Latencies {
+            pub(crate) fn snapshot(&self) -> LatencyMetrics {
+                LatencyMetrics {
+                    $($f: self.$f.snapshot(),)*
+                }
+            }
+        }
+
+        /// Latency histograms of a spill's stages.
+        #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+        #[non_exhaustive]
+        pub struct LatencyMetrics {
+            $($(#[$doc])* pub $f: LatencyHistogram,)*
+        }
+
+        impl LatencyMetrics {
+            /// The histograms with their Prometheus names and help texts.
+            pub fn named(&self) -> [(&'static str, &'static str, &LatencyHistogram); [$($name),*].len()] {
+                [$(($name, $help, &self.$f)),*]
+            }
+        }
+    };
+}
+
+latencies! {
     /// The caller's time in each `SpillWriter::write`, `write_slice` and `write_async`, and
     /// for a [`RecordSlot`](crate::RecordSlot) in its `record` call plus its `commit` (not the
     /// time the caller spends filling it): a copy into the staging buffer, a submission of a
     /// full buffer, a wait for in-flight budget, a rotation. A slot dropped uncommitted counts
     /// nothing.
-    pub write: LatencyHistogram,
+    write: "write_latency_seconds" "Caller's time in SpillWriter::write.";
     /// Each segment rotation: ticket, create or pooled reuse, allocation and the abort check
     /// (on the caller's thread, or the offload pool for an async writer).
-    pub rotate: LatencyHistogram,
+    rotate: "rotate_latency_seconds" "Segment rotations (open_segment).";
     /// Each `SpillWriter::finish` / `finish_async` that got as far as its seal: draining the
     /// writes in flight, sealing, trimming, the hand-off.
-    pub finish: LatencyHistogram,
+    finish: "finish_latency_seconds" "SpillWriter::finish.";
     /// Each segment a reader opened: `open`, one `pread` or a map, the header check (the
     /// `next_record` calls that do no I/O are not counted: they cost a CRC check of memory).
-    pub read: LatencyHistogram,
+    read: "read_open_latency_seconds" "Reader segment opens (open, pread or map, header check).";
     /// Each unlink of a segment, from its batch's submission to an I/O thread (or to the
     /// cleanup worker's retry) to its completion, failed or not.
-    pub delete: LatencyHistogram,
-}
-
-impl LatencyMetrics {
-    /// The five histograms with their Prometheus names and help texts.
-    pub fn named(&self) -> [(&'static str, &'static str, &LatencyHistogram); 5] {
-        [
-            (
-                "write_latency_seconds",
-                "Caller's time in SpillWriter::write.",
-                &self.write,
-            ),
-            (
-                "rotate_latency_seconds",
-                "Segment rotations (open_segment).",
-                &self.rotate,
-            ),
-            (
-                "finish_latency_seconds",
-                "SpillWriter::finish.",
-                &self.finish,
-            ),
-            (
-                "read_open_latency_seconds",
-                "Reader segment opens (open, pread or map, header check).",
-                &self.read,
-            ),
-            (
-                "delete_latency_seconds",
-                "Segment unlinks, submission to completion.",
-                &self.delete,
-            ),
-        ]
-    }
+    delete: "delete_latency_seconds" "Segment unlinks, submission to completion.";
 }
 
 #[cfg(all(test, not(loom)))]

@@ -75,7 +75,7 @@ macro_rules! metrics {
             }
         }
     };
-    (@read counted $c:ident $s:ident $f:ident) => { Counters::get(&$c.$f) };
+    (@read counted $c:ident $s:ident $f:ident) => { $c.$f.load(Ordering::Relaxed) };
     (@read sampled $c:ident $s:ident $f:ident) => { $s.$f };
 }
 
@@ -246,9 +246,19 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    #[inline]
-    pub(crate) fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
+    /// Counts `e`, returned to a caller, under its kind.
+    pub(crate) fn count_error(&self, e: &crate::SpillError) {
+        let k = ERROR_KINDS
+            .iter()
+            .position(|k| *k == e.kind())
+            .unwrap_or(ERROR_KINDS.len() - 1);
+        Counters::add(&self.errors[k], 1);
+    }
+
+    /// The error counts, by kind.
+    pub(crate) fn error_counts(&self) -> Vec<(&'static str, u64)> {
+        let counts = self.errors.iter().map(|c| c.load(Ordering::Relaxed));
+        ERROR_KINDS.iter().copied().zip(counts).collect()
     }
 }
 
@@ -276,23 +286,3 @@ pub const ERROR_KINDS: [&str; 8] = [
     "misuse",
     "other",
 ];
-
-impl Counters {
-    /// Counts `e`, returned to a caller, under its kind.
-    pub(crate) fn count_error(&self, e: &crate::SpillError) {
-        let k = ERROR_KINDS
-            .iter()
-            .position(|k| *k == e.kind())
-            .unwrap_or(ERROR_KINDS.len() - 1);
-        self.errors[k].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The error counts, by kind.
-    pub(crate) fn error_counts(&self) -> Vec<(&'static str, u64)> {
-        ERROR_KINDS
-            .iter()
-            .zip(&self.errors)
-            .map(|(k, c)| (*k, c.load(std::sync::atomic::Ordering::Relaxed)))
-            .collect()
-    }
-}

@@ -78,29 +78,24 @@ fn write_operator_rows(m: &Metrics, out: &mut String) {
     for (kind, n) in &m.errors {
         let _ = writeln!(out, "spillring_errors_total{{kind=\"{kind}\"}} {n}");
     }
-    let _ = writeln!(
-        out,
-        "# HELP spillring_root_bytes Disk bytes of the files the engine owns under a root.\n# TYPE spillring_root_bytes gauge"
-    );
-    for r in &m.roots {
+    let per_root = [
+        (
+            "root_bytes",
+            "Disk bytes of the files the engine owns under a root.",
+            true,
+        ),
+        ("root_files", "Files the engine owns under a root.", false),
+    ];
+    for (name, help, bytes) in per_root {
         let _ = writeln!(
             out,
-            "spillring_root_bytes{{root=\"{}\"}} {}",
-            label_value(&r.path.to_string_lossy()),
-            r.bytes
+            "# HELP spillring_{name} {help}\n# TYPE spillring_{name} gauge"
         );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP spillring_root_files Files the engine owns under a root.\n# TYPE spillring_root_files gauge"
-    );
-    for r in &m.roots {
-        let _ = writeln!(
-            out,
-            "spillring_root_files{{root=\"{}\"}} {}",
-            label_value(&r.path.to_string_lossy()),
-            r.files
-        );
+        for r in &m.roots {
+            let root = label_value(&r.path.to_string_lossy());
+            let v = if bytes { r.bytes } else { r.files };
+            let _ = writeln!(out, "spillring_{name}{{root=\"{root}\"}} {v}");
+        }
     }
 }
 

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::format::segment::SegmentFileName;
 use crate::io::{CachedFile, FileHandle, SharedMap};
 use crate::store::ledger::Ticket;
 use crate::store::proc::ProcDir;
@@ -92,7 +91,7 @@ impl SegmentEntry {
     }
 
     pub(crate) fn path(&self) -> PathBuf {
-        self.dir.path.join(SegmentFileName::new(self.seg).as_str())
+        self.dir.segment_path(self.seg)
     }
 
     /// Bytes of quota the entry's ticket holds (0 once it ended).
@@ -185,7 +184,8 @@ mod tests {
         );
         assert_eq!(ledger.bytes_used(), 8192);
         assert_eq!(cleanup.pending(), 1);
-        assert_eq!(cleanup.snapshot(), vec![(dir.root as u32, 7)]);
+        let queued: Vec<_> = cleanup.records().iter().map(|r| (r.dir, r.seg)).collect();
+        assert_eq!(queued, vec![(dir.root as u32, 7)]);
         // Released or retained entries end for good: no second record.
         SegmentEntry::new(dir.clone(), 8, ledger.reserve(1).unwrap()).retain(&cleanup);
         assert_eq!(cleanup.pending(), 2);

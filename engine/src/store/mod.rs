@@ -16,6 +16,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use ledger::Ledger;
+use marks::DeleteMarks;
 use pool::SegmentPool;
 use proc::ProcDir;
 use queue::CleanupQueue;
@@ -32,25 +33,10 @@ pub(crate) struct Store {
     /// Released segment files kept for reuse.
     pub(crate) pool: SegmentPool,
     /// Which delete batches are done (a `StorageFull` writer waits for its own).
-    pub(crate) delete_marks: marks::DeleteMarks,
+    pub(crate) delete_marks: DeleteMarks,
 }
 
 impl Store {
-    pub(crate) fn new(
-        ledger: Arc<Ledger>,
-        roots: Roots,
-        cleanup: Arc<CleanupQueue>,
-        pool: SegmentPool,
-    ) -> Self {
-        Store {
-            ledger,
-            roots,
-            cleanup,
-            pool,
-            delete_marks: marks::DeleteMarks::default(),
-        }
-    }
-
     /// The process directory of root `root`, where its segments go; a cleanup record names
     /// it by this index.
     pub(crate) fn dir(&self, root: usize) -> Option<&Arc<ProcDir>> {

@@ -33,13 +33,6 @@ struct Pooled {
     closed: bool,
 }
 
-/// What the pool holds now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct PoolLevel {
-    pub segments: u64,
-    pub bytes: u64,
-}
-
 /// Bytes a pooled file takes on disk (its written length: a buffered file is that long; a
 /// direct one was trimmed to whole blocks past it).
 fn size_of(e: &SegmentEntry) -> u64 {
@@ -131,12 +124,9 @@ impl SegmentPool {
             .collect()
     }
 
-    /// What the pool holds now.
-    pub(crate) fn level(&self) -> PoolLevel {
+    /// What the pool holds now: files and their bytes.
+    pub(crate) fn level(&self) -> (u64, u64) {
         let p = self.inner.lock();
-        PoolLevel {
-            segments: p.count as u64,
-            bytes: p.bytes,
-        }
+        (p.count as u64, p.bytes)
     }
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Result, SpillError};
 use crate::format::names::{PROC_PREFIX, proc_dir_name};
+use crate::format::segment::SegmentFileName;
 use crate::io::{FileHandle, Reaper};
 use crate::store::queue::CleanupQueue;
 use crate::sys::{errno, fs};
@@ -49,6 +50,11 @@ impl ProcDir {
             cleanup,
             next_segment,
         }
+    }
+
+    /// Where segment `seg` of this directory is.
+    pub(crate) fn segment_path(&self, seg: u32) -> PathBuf {
+        self.path.join(SegmentFileName::new(seg).as_str())
     }
 
     /// The next unused segment number, or `None` when they ran out (at `u32::MAX`).
@@ -276,9 +282,9 @@ fn claim_one(
 /// A fresh random 64-bit id.
 pub(crate) fn random_id() -> u64 {
     let mut b = [0u8; 8];
-    let n = crate::sys::rand::getrandom(&mut b);
+    let filled = crate::sys::rand::fill(&mut b);
     let mut v = u64::from_ne_bytes(b);
-    if !matches!(n, Ok(8)) {
+    if filled.is_err() {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

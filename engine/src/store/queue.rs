@@ -1,10 +1,8 @@
 //! The cleanup worker's queue: name-only records of deletes whose outcome was not confirmed,
-//! and the orphan sweeps. A record names a directory index, a segment number, the quota pages
-//! its ticket holds, and when it was queued; the queue stores it in eight bytes, in chunks of
-//! 1 KiB (`store/records.rs`: a record whose fields do not fit eight bytes takes sixteen, and
-//! the time is kept per chunk). It keeps no buffer, fd or mmap alive.
-//! Its ticket stays held until the delete is confirmed (or the file is found absent), so a
-//! long storage outage stops new spills at admission instead of growing memory.
+//! and the orphan sweeps. A record (a directory index, a segment number, the quota pages its
+//! ticket holds, when it was queued) is stored packed (`store/records.rs`) and keeps no buffer,
+//! fd or mmap alive. Its ticket stays held until the delete is confirmed (or the file is found
+//! absent), so a long storage outage stops new spills at admission instead of growing memory.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -50,6 +48,9 @@ struct Queue {
     stop: bool,
     /// No attempt before this instant (set after a failed batch).
     retry_at: Option<Instant>,
+    /// The worker waits on the condvar (no batch or sweep of its own under way):
+    /// [`CleanupQueue::take_while_idle`] may hand a batch to another thread instead of waking it.
+    worker_waits: bool,
 }
 
 /// The cleanup worker's queue of name-only records and orphan sweeps, and its metrics. The
@@ -61,7 +62,7 @@ pub(crate) struct CleanupQueue {
     pending: AtomicU64,
     /// Every unit of delete work not finished: deletes in flight on an I/O thread, records
     /// pending, orphan sweeps queued or running. Each hand-over (a failed delete becoming a
-    /// record, a confirmed name queueing its directory's `rmdir`) counts the new unit before
+    /// record) counts the new unit before
     /// it ends the old one, so one load of zero means nothing is left (see
     /// [`CleanupQueue::outstanding`]); two counters read one after the other could both miss a unit
     /// moving between them.
@@ -89,6 +90,7 @@ impl CleanupQueue {
                 sweeps: VecDeque::new(),
                 stop: false,
                 retry_at: None,
+                worker_waits: false,
             }),
             cv: Condvar::new(),
             pending: AtomicU64::new(0),
@@ -148,16 +150,6 @@ impl CleanupQueue {
         self.cv.notify_all();
     }
 
-    /// The queue in order, as (directory index, segment number): for tests of its rotation.
-    pub(crate) fn snapshot(&self) -> Vec<(u32, u32)> {
-        self.queue
-            .lock()
-            .records
-            .iter()
-            .map(|r| (r.dir, r.seg))
-            .collect()
-    }
-
     /// Queues a sweep that failed again, after the retry delay.
     pub(crate) fn sweep_later(&self, path: PathBuf, delay: Duration) {
         let mut q = self.queue.lock();
@@ -213,32 +205,37 @@ impl CleanupQueue {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Lets the worker retry now instead of waiting out its failure delay.
+    /// Lets the worker retry now instead of waiting out its failure delay (woken if anything
+    /// is queued).
     pub(crate) fn retry_now(&self) {
-        self.queue.lock().retry_at = None;
-        self.cv.notify_all();
+        let mut q = self.queue.lock();
+        q.retry_at = None;
+        if !q.records.is_empty() || !q.sweeps.is_empty() {
+            self.cv.notify_all();
+        }
     }
 
-    /// The file records queued now, oldest first, each with its age in the queue (read-only;
-    /// `Engine::list_files`). A batch the worker is running is not in the queue meanwhile.
-    pub(crate) fn file_records(&self) -> Vec<(Record, Duration)> {
+    /// Up to `batch` records, delay or not, for the caller to delete on its own thread: only
+    /// while the worker waits and when at most `most` are queued (else none). The caller puts
+    /// them back with [`CleanupQueue::put_back`] as the worker does.
+    pub(crate) fn take_while_idle(&self, most: usize, batch: usize) -> Vec<Record> {
+        let mut q = self.queue.lock();
+        if !q.worker_waits || q.records.len() > most {
+            return Vec::new();
+        }
+        take(&mut q.records, batch)
+    }
+
+    /// The records queued now, oldest first (read-only: reports, `Engine::list_files`, tests
+    /// of the rotation). A batch being deleted is not in the queue meanwhile.
+    pub(crate) fn records(&self) -> Vec<Record> {
+        self.queue.lock().records.iter().collect()
+    }
+
+    /// How long ago `r` was queued (whole seconds; see [`Record::since`]).
+    pub(crate) fn age(&self, r: &Record) -> Duration {
         let now = self.epoch.elapsed().as_secs();
-        let q = self.queue.lock();
-        q.records
-            .iter()
-            .map(|r| {
-                (
-                    r,
-                    Duration::from_secs(now.saturating_sub(u64::from(r.since))),
-                )
-            })
-            .collect()
-    }
-
-    /// The records queued now, oldest first, and the sweeps queued (for reports).
-    pub(crate) fn queued(&self) -> (Vec<Record>, u64) {
-        let q = self.queue.lock();
-        (q.records.iter().collect(), q.sweeps.len() as u64)
+        Duration::from_secs(now.saturating_sub(u64::from(r.since)))
     }
 
     /// The worker's next work: up to `batch` ready records, else a sweep; waits for either
@@ -277,9 +274,7 @@ impl CleanupQueue {
                 continue;
             }
             if !q.records.is_empty() && waiting.is_none() {
-                let n = q.records.len().min(batch);
-                let taken = std::iter::from_fn(|| q.records.pop_front()).take(n);
-                return Some(Work::Records(taken.collect()));
+                return Some(Work::Records(take(&mut q.records, batch)));
             }
             if waiting.is_none()
                 && let Some(p) = q.sweeps.pop_front()
@@ -289,30 +284,45 @@ impl CleanupQueue {
             if tick_at.is_some_and(|t| t <= now) {
                 return Some(Work::Tick);
             }
+            q.worker_waits = true;
             match waiting.into_iter().chain(tick_at).min() {
                 Some(t) => {
                     self.cv.wait_until(&mut q, t);
                 }
                 None => self.cv.wait(&mut q),
             }
+            q.worker_waits = false;
         }
     }
 
     /// Puts a batch's failed records back at the end of the queue, with no attempt before
     /// `retry_at` (`None` after a batch with no failure: the next ready record goes at once).
+    /// After a failure a waiting worker is woken to wait for the new `retry_at` (a caller's
+    /// batch failed).
     pub(crate) fn put_back(&self, failed: &[Record], retry_at: Option<Instant>) {
         let mut q = self.queue.lock();
         for r in failed {
             q.records.push_back(*r);
         }
         q.retry_at = retry_at;
+        if !failed.is_empty() {
+            self.cv.notify_all();
+        }
     }
 
-    /// A record's delete is confirmed: it is no longer pending.
-    pub(crate) fn record_done(&self) {
-        self.pending.fetch_sub(1, Ordering::Relaxed);
-        self.end();
+    /// `n` records' deletes are confirmed: they are no longer pending.
+    pub(crate) fn records_done(&self, n: u64) {
+        self.pending.fetch_sub(n, Ordering::Relaxed);
+        self.outstanding.fetch_sub(n, Ordering::SeqCst);
     }
+}
+
+/// The first `batch` records (all, if fewer), oldest first.
+fn take(records: &mut RecordChunks, batch: usize) -> Vec<Record> {
+    let n = records.len().min(batch);
+    let mut taken = Vec::with_capacity(n);
+    taken.extend(std::iter::from_fn(|| records.pop_front()).take(n));
+    taken
 }
 
 /// The queue's bookkeeping step by step, without a worker thread (the engine tests drive it
@@ -331,6 +341,11 @@ mod tests {
         }
     }
 
+    /// The queue in order, as (directory index, segment number).
+    fn snapshot(q: &CleanupQueue) -> Vec<(u32, u32)> {
+        q.records().iter().map(|r| (r.dir, r.seg)).collect()
+    }
+
     fn records(w: Option<Work>) -> Vec<u32> {
         match w {
             Some(Work::Records(v)) => v.iter().map(|r| r.seg).collect(),
@@ -346,19 +361,19 @@ mod tests {
             q.push(rec(seg));
         }
         assert_eq!((q.pending(), q.outstanding()), (5, 5));
-        assert_eq!(q.snapshot(), (0..5).map(|s| (1, s)).collect::<Vec<_>>());
-        let (queued, sweeps) = q.queued();
+        assert_eq!(snapshot(&q), (0..5).map(|s| (1, s)).collect::<Vec<_>>());
+        let (queued, sweeps) = (q.records(), q.sweeps_pending());
         assert_eq!(queued, (0..5).map(rec).collect::<Vec<_>>());
         assert_eq!(sweeps, 0);
         assert_eq!(records(q.next_work(2, None)), [0, 1]);
         assert_eq!(records(q.next_work(2, None)), [2, 3]);
         // Taken is not done: still pending until confirmed.
         assert_eq!(q.pending(), 5);
-        q.record_done();
+        q.records_done(1);
         assert_eq!((q.pending(), q.outstanding()), (4, 4));
         // A failed batch goes to the back; with no retry delay it is ready at once.
         q.put_back(&[rec(0), rec(1)], None);
-        assert_eq!(q.snapshot(), [(1, 4), (1, 0), (1, 1)]);
+        assert_eq!(snapshot(&q), [(1, 4), (1, 0), (1, 1)]);
         assert_eq!(records(q.next_work(10, None)), [4, 0, 1]);
     }
 
@@ -398,13 +413,106 @@ mod tests {
         });
     }
 
+    /// Waits until a worker thread waits on the queue's condvar.
+    fn until_the_worker_waits(q: &CleanupQueue) {
+        let t0 = Instant::now();
+        while !q.queue.lock().worker_waits {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the worker never waited"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// `retry_now`'s caller takes a batch itself only while the worker waits, only when at
+    /// most `most` records are queued, at most `batch` of them, their delay or not; what it
+    /// puts back wakes the waiting worker for the new delay.
+    #[test]
+    fn a_caller_takes_a_small_batch_only_while_the_worker_waits() {
+        let q = CleanupQueue::new(64);
+        for seg in 0..3 {
+            q.push(rec(seg));
+        }
+        assert!(q.take_while_idle(8, 8).is_empty(), "no worker waits");
+        let taken = records(q.next_work(8, None));
+        assert_eq!(taken, [0, 1, 2]);
+        let later = Instant::now() + Duration::from_secs(60);
+        q.put_back(&[rec(0), rec(1), rec(2)], Some(later));
+        let tick = Instant::now() + Duration::from_millis(300);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            assert!(
+                q.take_while_idle(2, 8).is_empty(),
+                "3 queued, at most 2 asked"
+            );
+            let mine: Vec<u32> = q.take_while_idle(3, 2).iter().map(|r| r.seg).collect();
+            assert_eq!(
+                mine,
+                [0, 1],
+                "a batch of at most 2, the delay notwithstanding"
+            );
+            assert!(
+                matches!(worker.join().unwrap(), Some(Work::Tick)),
+                "record 2 still waits out its delay"
+            );
+        });
+        // A failed caller's batch goes back with a delay shorter than the worker's wait: the
+        // worker is woken and takes it then, not at its tick.
+        let t0 = Instant::now();
+        let tick = t0 + Duration::from_secs(20);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            q.put_back(&[rec(0)], Some(Instant::now() + Duration::from_millis(50)));
+            assert_eq!(records(worker.join().unwrap()), [2, 0]);
+            assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        });
+    }
+
+    /// `retry_now` ends a sweep's retry delay too: a worker waiting it out is woken.
+    #[test]
+    fn retry_now_wakes_a_worker_waiting_out_a_sweeps_delay() {
+        let q = CleanupQueue::new(64);
+        q.sweep_later(PathBuf::from("/s"), Duration::from_secs(60));
+        let t0 = Instant::now();
+        let tick = t0 + Duration::from_secs(30);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| q.next_work_until(8, None, Some(tick)));
+            until_the_worker_waits(&q);
+            q.retry_now();
+            assert!(matches!(worker.join().unwrap(), Some(Work::Sweep(_))));
+        });
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    /// A record's age counts from its `since` (its chunk's oldest) to now, in whole seconds.
+    #[test]
+    fn a_records_age_counts_from_its_since() {
+        let q = CleanupQueue {
+            epoch: Instant::now() - Duration::from_secs(100),
+            ..CleanupQueue::new(64)
+        };
+        q.push(Record {
+            since: 40,
+            ..rec(1)
+        });
+        assert_eq!(q.age(&q.records()[0]), Duration::from_secs(60));
+        let later = Record {
+            since: 200,
+            ..rec(2)
+        };
+        assert_eq!(q.age(&later), Duration::ZERO, "never negative");
+    }
+
     #[test]
     fn sweeps_come_after_ready_records_and_are_counted() {
         let q = CleanupQueue::new(64);
         q.sweep(PathBuf::from("/a"));
         q.push(rec(3));
         assert_eq!((q.sweeps_pending(), q.outstanding()), (1, 2));
-        assert_eq!(q.queued().1, 1);
+        assert_eq!(q.sweeps_pending(), 1);
         assert_eq!(records(q.next_work(8, None)), [3]);
         match q.next_work(8, None) {
             Some(Work::Sweep(p)) => assert_eq!(p, PathBuf::from("/a")),

@@ -82,18 +82,23 @@ impl Roots {
         }
     }
 
-    /// Directories the open created for missing roots, in creation order (a root created
-    /// inside another one comes after it).
-    pub(crate) fn created(&self) -> impl DoubleEndedIterator<Item = &PathBuf> {
-        self.created.iter().flatten()
+    /// Removes this engine's process directories and then the roots the open created, each
+    /// only if it is empty (a failed open's, or the shutdown's last step; the next open on a
+    /// root sweeps what stays). Returns how many process directories stay.
+    pub(crate) fn remove_dirs(&self) -> u64 {
+        let left = self.proc_dirs.iter();
+        let left = left.filter(|pd| std::fs::remove_dir(&pd.path).is_err());
+        let left = left.count() as u64;
+        crate::store::proc::remove_created(self.created.iter().flatten());
+        left
     }
 
-    /// This engine's process directories, one per root.
     /// The roots in use, in configuration order (indexes as everywhere else).
     pub(crate) fn paths(&self) -> &[PathBuf] {
         &self.paths
     }
 
+    /// This engine's process directories, one per root.
     pub(crate) fn proc_dirs(&self) -> &[Arc<ProcDir>] {
         &self.proc_dirs
     }

@@ -4,8 +4,17 @@ use std::io;
 
 use rustix::rand::GetRandomFlags;
 
-/// `getrandom(buf, 0)`: fills `buf` from the kernel's pool (blocking until it is initialised)
-/// and returns how many bytes it wrote. Not retried: a short count or `EINTR` is the caller's.
-pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::rand::getrandom(buf, GetRandomFlags::empty())?)
+/// Fills `buf` with `getrandom(2)` (blocking until the kernel's pool is initialised), retried
+/// after a short count or `EINTR`; a call that writes nothing is an error.
+pub(crate) fn fill(buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match rustix::rand::getrandom(&mut buf[got..], GetRandomFlags::empty()) {
+            Ok(0) => return Err(io::Error::other("getrandom returned no bytes")),
+            Ok(n) => got += n,
+            Err(e) if e == rustix::io::Errno::INTR => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }

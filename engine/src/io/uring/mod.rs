@@ -368,11 +368,9 @@ impl Ring {
                     }
                 }
             }
-            OpKind::Unlink {
-                dir, name, rmdir, ..
-            } => opcode::UnlinkAt::new(types::Fd(dir.raw()), name.as_ptr())
-                .flags(if *rmdir { libc::AT_REMOVEDIR } else { 0 })
-                .build(),
+            OpKind::Unlink { dir, name, .. } => {
+                opcode::UnlinkAt::new(types::Fd(dir.raw()), name.as_ptr()).build()
+            }
             // Resolved in `start`: a claim never takes a slot.
             OpKind::InSlot(_) => opcode::Nop::new().build(),
         }
