@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::error::Result;
-use crate::spill::cursor::SegmentCursor;
+use crate::format::cursor::{Expected, SegmentCursor};
+use crate::io::DECODE_POOL;
 use crate::store::ledger::{Ledger, Ticket};
 
 /// A stand-alone ticket ledger, to measure reserve/release.
@@ -45,49 +48,29 @@ pub struct ParsedSegment {
     pub damage: Option<(u64, &'static str)>,
 }
 
-/// Parses segment `segment` of engine `engine` the way a reader does, with the crate's own
-/// header and block parsers: the header, then blocks (of the header's generation) up to `end`,
-/// the segment's written length, each checked and decoded. `buf` is the file: shorter than
-/// `end` if it was truncated, longer if padded.
+/// Parses segment `segment` of engine `engine` the way a reader does, with the segment codec
+/// every reader walks with (`format/cursor.rs`): the header, then blocks (of the header's
+/// generation) up to `end`, the segment's written length, each checked and decoded. `buf` is
+/// the file: shorter than `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
     let mut out = ParsedSegment {
         records: Vec::new(),
         damage: None,
     };
     // As the reader maps it: no further than the written length.
-    let buf = &buf[..end.min(buf.len())];
-    if buf.len() < crate::format::segment::HEADER_LEN {
-        out.damage = Some((buf.len() as u64, "segment truncated inside its header"));
-        return out;
-    }
-    let h = match crate::format::segment::parse_header(buf) {
-        Err(d) => {
-            out.damage = Some((0, d));
-            return out;
-        }
-        Ok(h) if h.segment != segment || h.engine != engine => {
-            out.damage = Some((0, "header names another segment or engine"));
-            return out;
-        }
-        Ok(h) => h,
+    let buf = Bytes::copy_from_slice(&buf[..end.min(buf.len())]);
+    let want = Expected {
+        segment: Some(segment),
+        engine: Some(engine),
+        ..Expected::default()
     };
-    let bind = crate::format::block::Binding {
-        segment,
-        generation: h.generation,
-        engine,
-    };
-    let counters = crate::metrics::Counters::default();
-    let mut cursor = SegmentCursor::new(bytes::Bytes::copy_from_slice(buf), end, bind);
-    loop {
-        match cursor.next(None, &counters) {
-            Ok(Some(r)) => out.records.push(r.to_vec()),
-            Ok(None) => break,
-            Err(d) => {
-                out.damage = Some((d.offset, d.detail));
-                break;
-            }
+    let walk = SegmentCursor::open(&buf, end as u64, want, &DECODE_POOL).and_then(|mut c| {
+        while let Some(r) = c.next_in(&buf, None, None)? {
+            out.records.push(r.to_vec());
         }
-    }
+        Ok(())
+    });
+    out.damage = walk.err().map(|d| (d.offset, d.detail));
     out
 }
 

@@ -330,10 +330,6 @@ impl StateShared {
         });
     }
 
-    pub(crate) fn segment_count(&self) -> usize {
-        self.segments
-    }
-
     /// Holds `entries` (of `records` records, `payload` bytes of them) with one grant, not yet
     /// registered.
     fn new(

@@ -1,11 +1,11 @@
 //! The user's stages of a spill: the task's scope ([`task`]), the writer ([`writer`]), the
 //! grants on a finished spill's files ([`grant`]) and the state that holds them ([`state`]),
 //! the reader ([`reader`]), the reader of a published file without an engine
-//! ([`segment_reader`]), the one walk over a segment's blocks both use ([`cursor`]) and the
-//! fd and read buffer a reader gets a segment's bytes through ([`segment_fd`]); the budget of work after which an async call yields ([`budget`]).
+//! ([`segment_reader`]) (both walk a segment with the codec of `format/cursor.rs`), and the
+//! fd and read buffer a reader gets a segment's bytes through ([`segment_fd`]); the budget of
+//! work after which an async call yields ([`budget`]).
 
 pub(crate) mod budget;
-pub(crate) mod cursor;
 pub(crate) mod grant;
 pub(crate) mod reader;
 pub(crate) mod segment_fd;

@@ -1,13 +1,12 @@
 //! Getting a segment's bytes for the reader: the fd to read through (the writer's, kept with the
 //! file, or one opened by name), one `pread` of a small segment into a kept read buffer, and the
-//! page touch of an async reader's map. Walking them is `spill/cursor.rs`.
+//! page touch of an async reader's map. Walking them is the segment codec's (`format/cursor.rs`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::format::segment::HEADER_LEN;
 use crate::io::FileHandle;
 
 /// Touches one byte of every page of `map` (read-ahead for async readers, on an offload
@@ -37,40 +36,25 @@ impl AsFd for SegmentFd {
     }
 }
 
-/// Why [`read_small`] failed.
-pub(super) enum ReadSmall {
-    Io(std::io::Error),
-    /// The file ends inside its header, after this many bytes.
-    Short(usize),
-}
-
-/// One `pread` of a small segment's `end` written bytes into a kept read buffer
-/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a short
-/// read is a truncated file (no fstat).
+/// One `pread` of a small segment's first `len` bytes into a kept read buffer
+/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a file
+/// that ends sooner gives fewer (a truncated file, which the walk reports; no fstat).
 pub(super) fn read_small(
     core: &crate::shared::EngineShared,
     file: BorrowedFd<'_>,
-    end: usize,
-) -> std::result::Result<Bytes, ReadSmall> {
-    let mut buf = core.read_bufs.take(end);
-    let got = read_up_to(file, buf.space()).map_err(ReadSmall::Io)?;
-    if got < HEADER_LEN {
-        return Err(ReadSmall::Short(got));
-    }
-    buf.truncate(got);
-    Ok(Bytes::from_owner(buf))
-}
-
-/// Reads from offset 0 until `buf` is full or the file ends; returns the bytes read.
-pub(super) fn read_up_to(file: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<usize> {
+    len: usize,
+) -> std::io::Result<Bytes> {
+    let mut buf = core.read_bufs.take(len);
+    let space = buf.space();
     let mut got = 0;
-    while got < buf.len() {
-        match crate::sys::rw::pread(file, &mut buf[got..], got as u64) {
+    while got < space.len() {
+        match crate::sys::rw::pread(file, &mut space[got..], got as u64) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(got)
+    buf.truncate(got);
+    Ok(Bytes::from_owner(buf))
 }
