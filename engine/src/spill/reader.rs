@@ -40,7 +40,7 @@
 //! with plain `read` instead of through the engine.
 
 use std::future::poll_fn;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,11 +53,10 @@ use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
 use crate::format::cursor::{Expected, SegmentCursor};
 use crate::format::segment::{Damage, HEADER_LEN, SegmentFileName};
-use crate::io::{DECODE_POOL, DecodePool, Offloaded, Reaped, Reaper, SharedMap};
+use crate::io::{DECODE_POOL, DecodePool, FileHandle, Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
 use crate::spill::grant::{Grant, StateShared, open_error};
-use crate::spill::segment_fd::{SegmentFd, read_small, touch_pages};
 use crate::store::proc::ProcDir;
 
 /// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
@@ -90,10 +89,9 @@ impl AsRef<[u8]> for MapOwner {
 
 impl Drop for MapOwner {
     fn drop(&mut self) {
-        match self.map.take() {
-            Some(MapRef::Own(m)) => self.reaper.reap(Reaped::Map(m)),
-            Some(MapRef::Kept(m)) => drop(m),
-            None => {}
+        // A kept map is let go here; an own one is unmapped on the reaper.
+        if let Some(MapRef::Own(m)) = self.map.take() {
+            self.reaper.reap(Reaped::Map(m));
         }
         if let Some(c) = self.maps.get(self.index) {
             c.fetch_sub(1, Ordering::AcqRel);
@@ -110,6 +108,12 @@ struct Segment {
     seg: u32,
     /// The segment's directory, for the path in an error (built only then).
     dir: Arc<ProcDir>,
+}
+
+/// What a reader does next ([`SpillReader::step`]).
+enum Next {
+    Record(Option<Bytes>),
+    Open(usize),
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
@@ -209,17 +213,11 @@ impl SpillReader {
     }
 
     fn next_record_uncounted(&mut self) -> Result<Option<Bytes>> {
-        if self.grant.0.is_aborted() {
-            return Err(self.aborted());
-        }
         loop {
-            if let Some(rec) = self.next_in_current()? {
-                return Ok(Some(rec));
+            match self.step()? {
+                Next::Record(rec) => return Ok(rec),
+                Next::Open(i) => self.enter(open_segment(&self.grant.0, i, false))?,
             }
-            if self.next_seg >= self.grant.0.segments {
-                return Ok(None);
-            }
-            self.enter(open_segment(&self.grant.0, self.next_seg, false))?;
         }
     }
 
@@ -254,28 +252,18 @@ impl SpillReader {
     }
 
     fn poll_next_record_budgeted(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
-        if self.grant.0.is_aborted() {
-            return Poll::Ready(Err(self.aborted()));
-        }
         loop {
-            match self.next_in_current() {
-                Ok(None) => {}
-                r => return Poll::Ready(r),
-            }
-            let i = self.next_seg;
-            if i >= self.grant.0.segments {
-                return Poll::Ready(Ok(None));
-            }
+            let i = match self.step()? {
+                Next::Record(rec) => return Poll::Ready(Ok(rec)),
+                Next::Open(i) => i,
+            };
             let job = match self.ahead.take() {
                 Some((j, job)) if j == i => job,
                 _ => self.open_ahead(i),
             };
-            let (_, job) = self.ahead.insert((i, job));
-            let opened = std::task::ready!(job.poll(cx));
+            let opened = std::task::ready!(self.ahead.insert((i, job)).1.poll(cx));
             self.ahead = None;
-            if let Err(e) = self.enter(opened) {
-                return Poll::Ready(Err(e));
-            }
+            self.enter(opened)?;
             if i + 1 < self.grant.0.segments {
                 self.ahead = Some((i + 1, self.open_ahead(i + 1)));
             }
@@ -285,38 +273,37 @@ impl SpillReader {
     /// Starts opening segment `i` on the offload pool. The job holds a grant of its own, so
     /// the files stay while it maps and touches them even if this reader goes meanwhile.
     fn open_ahead(&self, i: usize) -> Offloaded<Result<Segment>> {
-        let state = self.grant.0.clone();
-        state.files.add();
-        let grant = Grant(state);
-        self.grant.0.core().io.offload().run(move || {
-            let r = open_segment(&grant.0, i, true);
-            drop(grant);
-            r
-        })
+        let grant = self.grant.clone();
+        let offload = self.grant.0.core().io.offload();
+        offload.run(move || open_segment(&grant.0, i, true))
     }
 
-    /// The next record of the current segment; `None` at its end (the segment is let go then)
-    /// or with no segment open.
-    fn next_in_current(&mut self) -> Result<Option<Bytes>> {
-        let Some(m) = self.cur.as_mut() else {
-            return Ok(None);
-        };
-        let core = self.grant.0.core();
-        match m
-            .cursor
-            .next_in(&m.bytes, core.key.as_ref(), Some(&core.counters))
-        {
-            Ok(Some(rec)) => {
-                Counters::add(&core.counters.bytes_read, rec.len() as u64);
-                Counters::add(&core.counters.records_read, 1);
-                Ok(Some(rec))
-            }
-            Ok(None) => {
-                self.cur = None;
-                Ok(None)
-            }
-            Err(d) => Err(d.error(segment_path(&m.dir, m.seg), m.seg)),
+    /// What comes next: a record of the segment being read, `None` after the last, or the
+    /// open of the next segment (once the one being read is done, and let go).
+    fn step(&mut self) -> Result<Next> {
+        if self.grant.0.is_aborted() {
+            return Err(self.aborted());
         }
+        if let Some(m) = self.cur.as_mut() {
+            let core = self.grant.0.core();
+            match m
+                .cursor
+                .next_in(&m.bytes, core.key.as_ref(), Some(&core.counters))
+            {
+                Ok(Some(rec)) => {
+                    Counters::add(&core.counters.bytes_read, rec.len() as u64);
+                    Counters::add(&core.counters.records_read, 1);
+                    return Ok(Next::Record(Some(rec)));
+                }
+                Ok(None) => self.cur = None,
+                Err(d) => return Err(d.error(segment_path(&m.dir, m.seg), m.seg)),
+            }
+        }
+        Ok(if self.next_seg < self.grant.0.segments {
+            Next::Open(self.next_seg)
+        } else {
+            Next::Record(None)
+        })
     }
 
     /// Makes the segment just opened (`opened`, the next one) the current one.
@@ -477,7 +464,52 @@ fn map(
         index: i,
     });
     if warm {
-        touch_pages(&bytes);
+        // One byte of every page: the page faults of a cold map are taken here (on an
+        // offload thread), so the async reader's caller finds the pages resident.
+        let mut acc = 0u8;
+        for i in (0..len).step_by(4096) {
+            acc ^= bytes[i];
+        }
+        std::hint::black_box(acc);
     }
     Ok(bytes)
+}
+
+/// A segment's fd for one open: the writer's, kept with the file, or one opened here (closed
+/// when the open is done: a map needs no fd).
+enum SegmentFd {
+    Kept(Arc<FileHandle>),
+    Opened(OwnedFd),
+}
+
+impl AsFd for SegmentFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            SegmentFd::Kept(h) => h.as_fd(),
+            SegmentFd::Opened(fd) => fd.as_fd(),
+        }
+    }
+}
+
+/// One `pread` of a small segment's first `len` bytes into a kept read buffer
+/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a file
+/// that ends sooner gives fewer (a truncated file, which the walk reports; no fstat).
+fn read_small(
+    core: &crate::shared::EngineShared,
+    file: BorrowedFd<'_>,
+    len: usize,
+) -> std::io::Result<Bytes> {
+    let mut buf = core.read_bufs.take(len);
+    let space = buf.space();
+    let mut got = 0;
+    while got < space.len() {
+        match crate::sys::rw::pread(file, &mut space[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(Bytes::from_owner(buf))
 }

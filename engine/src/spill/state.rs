@@ -26,7 +26,8 @@ use crate::store::entry::SegmentEntry;
 use crate::sys::fs;
 
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
-/// on the files (see the module docs). `Clone` takes another grant.
+/// on the files (see the module docs). `Clone` takes another grant (a clone of a state the
+/// scope closed is closed too).
 ///
 /// ```
 /// use spillring::{Bytes, Engine, EngineConfig};
@@ -58,7 +59,7 @@ use crate::sys::fs;
 /// state is aborted and its files deleted, even while grants are alive. To hand a state to a
 /// stage that outlives the producing task, the consuming task calls
 /// [`crate::TaskSpill::adopt`] before the producer's scope closes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SpilledState {
     grant: Grant,
 }
@@ -92,6 +93,7 @@ impl SpilledState {
     /// scope already closed the state.
     pub fn reader(&self) -> Result<SpillReader> {
         self.inner()
+            .files
             .acquire()
             .map_err(|e| self.inner().refused_reader(e))?;
         Ok(SpillReader::new(Grant(self.inner().clone())))
@@ -506,14 +508,4 @@ fn forget_published(
         drop(e.release());
     }
     out
-}
-
-impl Clone for SpilledState {
-    /// Another grant on the same files. A clone of a state the scope closed is closed too.
-    fn clone(&self) -> Self {
-        self.inner().files.add();
-        SpilledState {
-            grant: Grant(self.inner().clone()),
-        }
-    }
 }
