@@ -226,16 +226,8 @@ impl TaskShared {
 
     /// Registers `m`. On a closed scope, closes `m` at once and fails with `Aborted`.
     pub(crate) fn register(&self, m: Arc<dyn Member>) -> Result<u64> {
-        let mut r = self.registry.lock();
-        if r.closed {
-            drop(r);
-            m.close_by_scope();
-            return Err(SpillError::Aborted);
-        }
-        r.next += 1;
-        let id = r.next;
-        r.members.insert(id, m);
-        Ok(id)
+        // Ids start at 1: there is no member 0 to replace.
+        self.replace(0, m)
     }
 
     pub(crate) fn unregister(&self, id: u64) {
