@@ -169,19 +169,80 @@ impl<B: DecodeBufs> SegmentCursor<B> {
         if len as u64 > self.end - offset {
             return Err(damage("block padding runs past the end of the segment"));
         }
-        let head = &bytes[..BLOCK_HEADER_LEN];
         let stored = bytes.slice(BLOCK_HEADER_LEN..stored_end);
-        let bind = Binding {
-            segment: self.header.segment,
-            generation: self.header.generation,
-            engine: self.header.engine,
-        };
-        let cb = CurBlock::open(h, head, stored, offset, bind, key, &self.bufs, c)
+        let cb = self
+            .open_block(h, &bytes[..BLOCK_HEADER_LEN], stored, key, c)
             .and_then(|cb| cb.follow(self.block.take(), &self.bufs))
             .map_err(damage)?;
         self.off += len as u64;
         self.block = Some(cb);
         Ok(true)
+    }
+
+    /// The one place a block is checked and decoded: the block at the cursor, `h` its parsed
+    /// header, `head` its 64 header bytes, `stored` its stored bytes. A plaintext block's CRC
+    /// is checked; with `key` (an encrypting engine's reader), an encrypted block is
+    /// decrypted and authenticated into a lent buffer instead, and a plaintext one refused.
+    /// Then a compressed block is decoded into a lent buffer. `c` as in `next_in`.
+    fn open_block(
+        &self,
+        h: BlockHeader,
+        head: &[u8],
+        stored: Bytes,
+        key: Option<&BlockKey>,
+        c: Option<&Counters>,
+    ) -> Result<CurBlock<B::Buf>, &'static str> {
+        let (offset, bufs) = (self.off, &self.bufs);
+        let bind = Binding {
+            segment: self.header.segment,
+            generation: self.header.generation,
+            engine: self.header.engine,
+        };
+        let (mut decrypt, mut decompress) = (0, 0);
+        let stored = match (h.encrypted, key) {
+            (false, None) if block::crc_matches(head, &stored, bind, offset) => stored,
+            (false, None) => return Err("block checksum mismatch"),
+            (true, Some(key)) => {
+                let t = std::time::Instant::now();
+                let mut plain = bufs.take(stored.len());
+                plain.as_mut().copy_from_slice(&stored);
+                key.open(bind, offset, head, plain.as_mut())?;
+                decrypt = t.elapsed().as_nanos() as u64;
+                Bytes::from_owner(plain)
+            }
+            (true, None) => {
+                return Err(
+                    "encrypted block: only the engine holding its key can check and read it",
+                );
+            }
+            (false, Some(_)) => return Err("plaintext block in an encrypted engine's segment"),
+        };
+        if h.codec != 0 && h.raw > MAX_DECODED {
+            return Err("compressed block claims a decoded length past 1 GiB");
+        }
+        let data = if h.codec == 0 {
+            stored
+        } else {
+            let t = std::time::Instant::now();
+            let mut out = bufs.take(h.raw as usize);
+            block::decompress(h.codec, &stored, out.as_mut())?;
+            decompress = t.elapsed().as_nanos() as u64;
+            Bytes::from_owner(out)
+        };
+        if let Some(c) = c {
+            Counters::add(&c.decrypt_nanos, decrypt);
+            Counters::add(&c.decompress_nanos, decompress);
+            Counters::add(&c.physical_bytes_read, BLOCK_HEADER_LEN as u64 + h.stored);
+            Counters::add(&c.logical_bytes_read, BLOCK_HEADER_LEN as u64 + h.raw);
+        }
+        Ok(CurBlock {
+            data,
+            off: 0,
+            left: h.records,
+            offset,
+            chunk: h.chunk,
+            part: None,
+        })
     }
 
     /// The header of the block at the cursor, read from `head` (its first bytes), and the
@@ -239,69 +300,6 @@ struct CurBlock<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]> + Send + 'static> CurBlock<T> {
-    /// The one place a block is checked and decoded: `h` its parsed header, `head` its 64
-    /// header bytes, `stored` its stored bytes. A plaintext block's CRC is checked; with `key`
-    /// (an encrypting engine's reader), an encrypted block is decrypted and authenticated
-    /// into a buffer of `bufs` instead, and a plaintext one refused. Then a compressed block
-    /// is decoded into a buffer of `bufs`.
-    #[allow(clippy::too_many_arguments)]
-    fn open<B: DecodeBufs<Buf = T>>(
-        h: BlockHeader,
-        head: &[u8],
-        stored: Bytes,
-        offset: u64,
-        bind: Binding,
-        key: Option<&BlockKey>,
-        bufs: &B,
-        c: Option<&Counters>,
-    ) -> Result<Self, &'static str> {
-        let (mut decrypt, mut decompress) = (0, 0);
-        let stored = match (h.encrypted, key) {
-            (false, None) if block::crc_matches(head, &stored, bind, offset) => stored,
-            (false, None) => return Err("block checksum mismatch"),
-            (true, Some(key)) => {
-                let t = std::time::Instant::now();
-                let mut plain = bufs.take(stored.len());
-                plain.as_mut().copy_from_slice(&stored);
-                key.open(bind, offset, head, plain.as_mut())?;
-                decrypt = t.elapsed().as_nanos() as u64;
-                Bytes::from_owner(plain)
-            }
-            (true, None) => {
-                return Err(
-                    "encrypted block: only the engine holding its key can check and read it",
-                );
-            }
-            (false, Some(_)) => return Err("plaintext block in an encrypted engine's segment"),
-        };
-        if h.codec != 0 && h.raw > MAX_DECODED {
-            return Err("compressed block claims a decoded length past 1 GiB");
-        }
-        let data = if h.codec == 0 {
-            stored
-        } else {
-            let t = std::time::Instant::now();
-            let mut out = bufs.take(h.raw as usize);
-            block::decompress(h.codec, &stored, out.as_mut())?;
-            decompress = t.elapsed().as_nanos() as u64;
-            Bytes::from_owner(out)
-        };
-        if let Some(c) = c {
-            Counters::add(&c.decrypt_nanos, decrypt);
-            Counters::add(&c.decompress_nanos, decompress);
-            Counters::add(&c.physical_bytes_read, BLOCK_HEADER_LEN as u64 + h.stored);
-            Counters::add(&c.logical_bytes_read, BLOCK_HEADER_LEN as u64 + h.raw);
-        }
-        Ok(CurBlock {
-            data,
-            off: 0,
-            left: h.records,
-            offset,
-            chunk: h.chunk,
-            part: None,
-        })
-    }
-
     /// This block, decoded, after `prev` (the block before it in the segment, if kept): a
     /// chunk of a record larger than a buffer is put together, in a buffer of `bufs` of the
     /// record's length, from its first chunk (whose frame gives the length) and the chunks

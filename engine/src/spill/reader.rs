@@ -105,7 +105,6 @@ struct Segment {
     cursor: SegmentCursor<&'static DecodePool>,
     /// Shorter than the written length if the file was truncated.
     bytes: Bytes,
-    seg: u32,
     /// The segment's directory, for the path in an error (built only then).
     dir: Arc<ProcDir>,
 }
@@ -296,7 +295,10 @@ impl SpillReader {
                     return Ok(Next::Record(Some(rec)));
                 }
                 Ok(None) => self.cur = None,
-                Err(d) => return Err(d.error(segment_path(&m.dir, m.seg), m.seg)),
+                Err(d) => {
+                    let seg = m.cursor.header().segment;
+                    return Err(d.error(segment_path(&m.dir, seg), seg));
+                }
             }
         }
         Ok(if self.next_seg < self.grant.0.segments {
@@ -406,7 +408,6 @@ fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Segme
     Ok(Segment {
         cursor,
         bytes,
-        seg,
         dir: at.dir,
     })
 }

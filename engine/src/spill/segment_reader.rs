@@ -90,9 +90,12 @@ impl SegmentReader {
             .map_err(|e| SpillError::io("stat", &path, e))?
             .len();
         let mut file = BufReader::with_capacity(READ_BUFFER, file);
-        let mut head = [0u8; HEADER_LEN];
-        let got = read_full(&mut file, &mut head).map_err(|e| SpillError::io("read", &path, e))?;
-        match SegmentCursor::open(&head[..got], len, Expected::default(), &DECODE_POOL) {
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        (&mut file)
+            .take(HEADER_LEN as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| SpillError::io("read", &path, e))?;
+        match SegmentCursor::open(&head, len, Expected::default(), &DECODE_POOL) {
             Ok(cursor) => Ok(SegmentReader {
                 file,
                 path,
@@ -133,24 +136,31 @@ impl SegmentReader {
     fn read_record(&mut self) -> Result<Option<Bytes>> {
         let seg = self.cursor.header().segment;
         let corrupt = |d: Damage| d.error(self.path.clone(), seg);
-        let io = |e| SpillError::io("read", &self.path, e);
+        let read_err = |e| SpillError::io("read", &self.path, e);
         loop {
             if let Some(rec) = self.cursor.record().map_err(corrupt)? {
                 return Ok(Some(rec));
             }
             let mut head = [0u8; BLOCK_HEADER_LEN];
-            let got = read_full(&mut self.file, &mut head).map_err(io)?;
+            let head = match self.file.read_exact(&mut head) {
+                Ok(()) => &head[..],
+                // Short: the walk says what that means here (the end, or a truncated file).
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => &[],
+                Err(e) => return Err(read_err(e)),
+            };
             // Its length is checked against the file's before the buffer is allocated: a
             // damaged length never asks for more memory than the file holds.
-            let Some(len) = self.cursor.next_len(&head[..got]).map_err(corrupt)? else {
+            let Some(len) = self.cursor.next_len(head).map_err(corrupt)? else {
                 // The file may have grown since it was opened: a block past its length then
                 // is not read.
                 return Ok(None);
             };
-            let mut block = vec![0u8; len];
-            block[..BLOCK_HEADER_LEN].copy_from_slice(&head);
-            let got = read_full(&mut self.file, &mut block[BLOCK_HEADER_LEN..]).map_err(io)?;
-            block.truncate(BLOCK_HEADER_LEN + got);
+            let mut block = Vec::with_capacity(len);
+            block.extend_from_slice(head);
+            (&mut self.file)
+                .take((len - BLOCK_HEADER_LEN) as u64)
+                .read_to_end(&mut block)
+                .map_err(read_err)?;
             self.cursor
                 .push(Bytes::from(block), None, None)
                 .map_err(corrupt)?;
@@ -165,18 +175,4 @@ impl Iterator for SegmentReader {
     fn next(&mut self) -> Option<Result<Bytes>> {
         self.next_record().transpose()
     }
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
