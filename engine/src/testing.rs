@@ -109,21 +109,18 @@ pub fn encode_segment_blocks(
             _ => Codec::Raw,
         };
         let mut dst = vec![0u8; raw.len()];
-        let (codec, stored) = match block::compress(codec, &raw, &mut dst) {
-            Some(n) => (codec, &dst[..n]),
-            None => (Codec::Raw, &raw[..]),
+        let raw_len = raw.len() as u64;
+        let (codec, mut stored) = match block::compress(codec, &raw, &mut dst) {
+            Some(n) => {
+                dst.truncate(n);
+                (codec, dst)
+            }
+            None => (Codec::Raw, raw),
         };
-        let h = block::encode_block_header(
-            bind,
-            v.len() as u64,
-            codec,
-            raw.len() as u64,
-            records.len() as u32,
-            0,
-            stored,
-        );
+        let (off, n) = (v.len() as u64, records.len() as u32);
+        let h = block::seal_in_place(None, bind, off, codec, raw_len, n, 0, false, &mut stored);
         v.extend_from_slice(&h);
-        v.extend_from_slice(stored);
+        v.extend_from_slice(&stored);
     }
     v
 }

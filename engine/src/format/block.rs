@@ -183,19 +183,6 @@ impl BlockSeal {
     }
 }
 
-/// The header of a block whose stored bytes are `stored` (all in hand).
-pub fn encode_block_header(
-    bind: Binding,
-    offset: u64,
-    codec: Codec,
-    raw: u64,
-    records: u32,
-    pad: u32,
-    stored: &[u8],
-) -> [u8; BLOCK_HEADER_LEN] {
-    BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad).finish_over(stored)
-}
-
 /// Seals a block whose stored bytes are `stored`: without a key, the header with its CRC-32C;
 /// with one, encrypts `stored` in place and returns the header with the flag, the nonce
 /// counter and the tag (see `format/crypt.rs`).

@@ -17,18 +17,20 @@ fn block_bytes(records: &[&[u8]], codec: Codec, off: usize, bind: Binding) -> Ve
         raw.extend_from_slice(r);
     }
     let mut dst = vec![0u8; raw.len() + 64];
-    let (codec, stored) = match compress(codec, &raw, &mut dst) {
+    let (codec, mut stored) = match compress(codec, &raw, &mut dst) {
         Some(n) => (codec, dst[..n].to_vec()),
         None => (Codec::Raw, raw.clone()),
     };
-    let h = encode_block_header(
+    let h = seal_in_place(
+        None,
         bind,
         off as u64,
         codec,
         raw.len() as u64,
         records.len() as u32,
         0,
-        &stored,
+        false,
+        &mut stored,
     );
     let mut v = vec![0u8; off];
     v.extend_from_slice(&h);

@@ -371,7 +371,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]> + Send + 'static> CurBlock<T> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::format::block::{Codec, encode_block_header};
+    use crate::format::block::{Codec, seal_in_place};
 
     /// Buffers of the tests' own, each a fresh `Vec` (`vec!` zero-fills lazily: a 1 GiB claim
     /// costs no page until written).
@@ -424,14 +424,24 @@ pub(crate) mod tests {
     /// The walk over one block at offset 64 of codec `codec` claiming `raw` decoded bytes,
     /// its 16 stored bytes zero and its CRC valid.
     fn decode(codec: u8, raw: u64) -> Result<Vec<Vec<u8>>, &'static str> {
-        let stored = [0u8; 16];
+        let mut stored = [0u8; 16];
         let codec = match codec {
             0 => Codec::Raw,
             1 => Codec::Lz4,
             _ => Codec::Zstd(1),
         };
         let mut buf = vec![0u8; 64];
-        buf.extend_from_slice(&encode_block_header(B, 64, codec, raw, 1, 0, &stored));
+        buf.extend_from_slice(&seal_in_place(
+            None,
+            B,
+            64,
+            codec,
+            raw,
+            1,
+            0,
+            false,
+            &mut stored,
+        ));
         buf.extend_from_slice(&stored);
         walk_from(&buf, 64, buf.len(), B, None).map_err(|d| d.detail)
     }

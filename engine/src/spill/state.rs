@@ -3,8 +3,7 @@
 //! A [`SpilledState`] is itself a grant, and so is every [`SpillReader`] made from it; clones
 //! are grants too. The files are deleted when the last grant is released, or when the task
 //! scope closes (then every reader sees `Aborted`). Either way the deletes are queued to an I/O
-//! thread, never run on the caller's. `close` is idempotent. The protocol is in
-//! [`crate::spill::grant`].
+//! thread, never run on the caller's. The protocol is in [`crate::spill::grant`].
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -85,7 +84,7 @@ impl SpilledState {
         })
     }
 
-    fn inner(&self) -> &Arc<StateShared> {
+    pub(crate) fn inner(&self) -> &Arc<StateShared> {
         &self.grant.0
     }
 
@@ -106,11 +105,6 @@ impl SpilledState {
             return Err(self.inner().refused_reader(SpillError::Aborted));
         }
         Ok(SpillReader::new(self.grant))
-    }
-
-    /// Moves the state's registration to `to` (see [`crate::TaskSpill::adopt`]).
-    pub(crate) fn move_to(&self, to: Arc<TaskShared>) -> Result<()> {
-        self.inner().move_to(to)
     }
 
     /// Number of segment files.

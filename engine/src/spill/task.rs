@@ -467,7 +467,7 @@ impl TaskSpill {
     /// the state is closed and its files deleted on the spot). Adopting a state twice into the
     /// same scope is a no-op.
     pub fn adopt(&self, state: &crate::SpilledState) -> Result<()> {
-        state.move_to(self.shared.clone())
+        state.inner().move_to(self.shared.clone())
     }
 
     /// True if closed by `cancel`.
