@@ -52,7 +52,7 @@ use memmap2::{Advice, Mmap};
 use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
 use crate::format::cursor::{Expected, SegmentCursor};
-use crate::format::segment::{Damage, HEADER_LEN, SegmentFileName};
+use crate::format::segment::{Damage, SegmentFileName};
 use crate::io::{DECODE_POOL, DecodePool, FileHandle, Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
@@ -374,10 +374,9 @@ fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Segme
     };
     // A truncated file is read (or mapped) as far as it goes: records before the cut are
     // returned, the one crossing it is reported at its offset.
-    let read =
-        |len| read_small(core, file.as_fd(), len).map_err(|e| SpillError::io("read", path(), e));
     let bytes = if end <= core.cfg.read_buffer_max as u64 {
-        read(end as usize)?
+        read_small(core, file.as_fd(), end as usize)
+            .map_err(|e| SpillError::io("read", path(), e))?
     } else {
         let size = crate::sys::fs::file_size(file.as_fd())
             .map_err(|e| SpillError::io("stat", path(), e))?;
@@ -388,13 +387,9 @@ fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Segme
             };
             d.error(path(), seg)
         })?;
-        if len < HEADER_LEN {
-            // Shorter than its header (the walk says so): nothing to map.
-            read(len)?
-        } else {
-            map(state, i, at.generation, at.map, &file, len, warm)
-                .map_err(|e| SpillError::io("mmap", path(), e))?
-        }
+        // Shorter than its header, even empty, it is mapped too: the walk reports it.
+        map(state, i, at.generation, at.map, &file, len, warm)
+            .map_err(|e| SpillError::io("mmap", path(), e))?
     };
     drop(file);
     let want = Expected {
