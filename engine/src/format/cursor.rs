@@ -451,7 +451,6 @@ pub(crate) mod tests {
     /// decode), and a raw block's length is never a decoded length. (The planted-bug run of
     /// cargo-mutants found no test reaching this check.)
     #[test]
-    #[cfg(not(loom))]
     fn a_decoded_length_past_1_gib_is_refused() {
         const PAST: &str = "compressed block claims a decoded length past 1 GiB";
         assert_eq!(decode(1, MAX_DECODED + 1).err(), Some(PAST));
