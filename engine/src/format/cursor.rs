@@ -95,11 +95,6 @@ impl<B: DecodeBufs> SegmentCursor<B> {
         self.header
     }
 
-    /// The next block's offset.
-    pub(crate) fn offset(&self) -> u64 {
-        self.off
-    }
-
     /// The next record of `seg`, the segment's bytes in memory (shorter than the written
     /// length if its file was truncated); `None` at the written length. `key`: the engine's,
     /// when its blocks are encrypted; `c` counts the bytes read, decrypted and decoded.
@@ -458,5 +453,61 @@ pub(crate) mod tests {
         let at = decode(1, MAX_DECODED).err();
         assert!(at.is_some() && at != Some(PAST), "{at:?}");
         assert!(decode(0, MAX_DECODED + 1).err() != Some(PAST));
+    }
+
+    /// The header's checks, each against what the reader expects: the segment, the engine and
+    /// the generation when it names them, and the key id always (0: a reader without a key).
+    #[test]
+    fn a_header_is_checked_against_what_the_reader_expects() {
+        let open = |h: [u8; HEADER_LEN], want: Expected| {
+            SegmentCursor::open(&h, HEADER_LEN as u64, want, VecBufs).map(|c| c.header())
+        };
+        let want = Expected {
+            segment: Some(3),
+            engine: Some(0xE1),
+            generation: Some(7),
+            key_id: 0,
+        };
+        let mine = segment::encode_header(3, 0xE1, 7, 0);
+        assert_eq!(open(mine, want).map(|h| h.generation), Ok(7));
+        assert_eq!(open(mine, Expected::default()).map(|h| h.segment), Ok(3));
+        let bad = |h, want| open(h, want).map(|_| ()).unwrap_err();
+        let at0 = |detail| Damage { offset: 0, detail };
+        let other = "header names another segment or engine";
+        assert_eq!(bad(segment::encode_header(4, 0xE1, 7, 0), want), at0(other));
+        assert_eq!(bad(segment::encode_header(3, 0xE2, 7, 0), want), at0(other));
+        assert_eq!(
+            bad(segment::encode_header(3, 0xE1, 8, 0), want),
+            at0("header is of another use of this file")
+        );
+        // Keys: a reader without one refuses an encrypted segment; one with a key refuses a
+        // segment of another key and a plaintext one, and reads its own.
+        let sealed = segment::encode_header(3, 0xE1, 7, 9);
+        assert_eq!(
+            bad(sealed, want),
+            at0(
+                "segment is encrypted: its key lived only in the memory of the engine that wrote it"
+            )
+        );
+        let keyed = Expected { key_id: 9, ..want };
+        assert_eq!(open(sealed, keyed).map(|h| h.key_id), Ok(Some(9)));
+        assert_eq!(
+            bad(sealed, Expected { key_id: 8, ..want }),
+            at0("segment encrypted by another engine (its key died with it)")
+        );
+        assert_eq!(
+            bad(mine, keyed),
+            at0("plaintext segment in an encrypted engine")
+        );
+        // Shorter than a header: damage at its end.
+        assert_eq!(
+            SegmentCursor::open(&mine[..40], 64, want, VecBufs)
+                .map(|_| ())
+                .unwrap_err(),
+            Damage {
+                offset: 40,
+                detail: "segment truncated inside its header"
+            }
+        );
     }
 }

@@ -72,7 +72,7 @@ impl std::fmt::Debug for SegmentReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SegmentReader")
             .field("path", &self.path)
-            .field("offset", &self.cursor.offset())
+            .field("header", &self.cursor.header())
             .finish()
     }
 }
