@@ -250,12 +250,14 @@ impl<B: DecodeBufs> SegmentCursor<B> {
         };
         let left = self.end.saturating_sub(self.off);
         if left == 0 {
+            // A block still held here is putting a chunked record together: `record` lets a
+            // spent block go otherwise, and the next block is asked for only once it is spent.
             return match &self.block {
-                Some(b) if b.part.is_some() => Err(Damage {
+                Some(b) => Err(Damage {
                     offset: b.offset,
                     detail: "segment ends inside a chunked record",
                 }),
-                _ => Ok(None),
+                None => Ok(None),
             };
         }
         if left < BLOCK_HEADER_LEN as u64 {
@@ -313,14 +315,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]> + Send + 'static> CurBlock<T> {
                     return Err("first chunk without its record's frame");
                 }
                 let total = FRAME_LEN + u32::from_le_bytes([d[0], d[1], d[2], d[3]]) as usize;
-                if total == d.len() {
+                match total.cmp(&d.len()) {
                     // Whole in its first chunk (a buffer with room for it all).
-                    return Ok(self);
+                    std::cmp::Ordering::Equal => return Ok(self),
+                    std::cmp::Ordering::Less => {
+                        return Err("first chunk runs past the end of its record");
+                    }
+                    std::cmp::Ordering::Greater => (bufs.take(total), 0),
                 }
-                if total < d.len() {
-                    return Err("first chunk runs past the end of its record");
-                }
-                (bufs.take(total), 0)
             }
             Some(_) if !self.chunk || self.left != 0 => {
                 return Err("chunked record cut short by another block");
@@ -508,6 +510,126 @@ pub(crate) mod tests {
                 offset: 40,
                 detail: "segment truncated inside its header"
             }
+        );
+    }
+
+    /// A segment's bytes from offset 0 (a blank header: the walks below start at 64) with the
+    /// blocks `(decoded bytes, records, chunk, pad)`, raw, each sealed valid at its place: only
+    /// the walk's own checks can refuse them.
+    fn blocks(bs: &[(&[u8], u32, bool, u32)]) -> Vec<u8> {
+        let mut v = vec![0u8; HEADER_LEN];
+        for &(data, records, chunk, pad) in bs {
+            let mut stored = data.to_vec();
+            let (off, raw) = (v.len() as u64, data.len() as u64);
+            let h = seal_in_place(
+                None,
+                B,
+                off,
+                Codec::Raw,
+                raw,
+                records,
+                pad,
+                chunk,
+                &mut stored,
+            );
+            v.extend_from_slice(&h);
+            v.extend_from_slice(&stored);
+            v.resize(v.len() + pad as usize, 0);
+        }
+        v
+    }
+
+    /// Records framed back to back, as a block's decoded bytes.
+    fn frames(recs: &[&[u8]]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for r in recs {
+            v.extend_from_slice(&block::record_frame(r.len()));
+            v.extend_from_slice(r);
+        }
+        v
+    }
+
+    fn walk(v: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
+        walk_from(v, HEADER_LEN, v.len(), B, None).map_err(|d| d.detail)
+    }
+
+    /// Valid blocks (their checksums good) that break the walk: a record count the frames do
+    /// not match, padding past the written length.
+    #[test]
+    fn a_valid_block_the_walk_refuses() {
+        let two = frames(&[b"ab", b"cd"]);
+        assert_eq!(
+            walk(&blocks(&[(&two, 2, false, 0)])),
+            Ok(vec![b"ab".to_vec(), b"cd".to_vec()])
+        );
+        assert_eq!(
+            walk(&blocks(&[(&two, 3, false, 0)])),
+            Err("block holds fewer records than its header says")
+        );
+        assert_eq!(
+            walk(&blocks(&[(&two, 1, false, 0)])),
+            Err("block holds more records than its header says")
+        );
+        let padded = blocks(&[(&two, 2, false, 100)]);
+        assert_eq!(walk(&padded).map(|r| r.len()), Ok(2));
+        assert_eq!(
+            walk_from(&padded, HEADER_LEN, padded.len() - 1, B, None).map_err(|d| d.detail),
+            Err("block padding runs past the end of the segment")
+        );
+    }
+
+    /// A record in chunks is put together only from its first chunk and the chunks that follow
+    /// it, each valid: any other sequence is damage, each by its name.
+    #[test]
+    fn chunks_out_of_their_order_are_damage() {
+        let rec: Vec<u8> = (0..100u8).collect();
+        let whole = frames(&[&rec]);
+        let (a, b) = whole.split_at(50);
+        assert_eq!(
+            walk(&blocks(&[(a, 1, true, 0), (b, 0, true, 0)])),
+            Ok(vec![rec.clone()])
+        );
+        // Whole in its first chunk, an empty record too (exactly a frame).
+        assert_eq!(
+            walk(&blocks(&[(&whole, 1, true, 0)])),
+            Ok(vec![rec.clone()])
+        );
+        assert_eq!(
+            walk(&blocks(&[(&frames(&[b""]), 1, true, 0)])),
+            Ok(vec![vec![]])
+        );
+        assert_eq!(
+            walk(&blocks(&[(b, 0, true, 0)])),
+            Err("chunk without the first chunk of its record")
+        );
+        let no_frame = "first chunk without its record's frame";
+        assert_eq!(walk(&blocks(&[(&whole[..4], 1, true, 0)])), Err(no_frame));
+        let mut reserved = whole.clone();
+        reserved[5] = 1;
+        assert_eq!(walk(&blocks(&[(&reserved, 1, true, 0)])), Err(no_frame));
+        let mut long = whole.clone();
+        long.push(0);
+        assert_eq!(
+            walk(&blocks(&[(&long, 1, true, 0)])),
+            Err("first chunk runs past the end of its record")
+        );
+        let cut = "chunked record cut short by another block";
+        let other = frames(&[b"x"]);
+        assert_eq!(
+            walk(&blocks(&[(a, 1, true, 0), (&other, 1, false, 0)])),
+            Err(cut)
+        );
+        assert_eq!(
+            walk(&blocks(&[(a, 1, true, 0), (&whole, 1, true, 0)])),
+            Err(cut)
+        );
+        assert_eq!(
+            walk(&blocks(&[(a, 1, true, 0), (&whole, 0, true, 0)])),
+            Err("chunk runs past the end of its record")
+        );
+        assert_eq!(
+            walk(&blocks(&[(a, 1, true, 0)])),
+            Err("segment ends inside a chunked record")
         );
     }
 }
