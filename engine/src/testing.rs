@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::error::Result;
-use crate::spill::cursor::SegmentCursor;
+use crate::format::cursor::{Expected, SegmentCursor};
+use crate::io::DECODE_POOL;
 use crate::store::ledger::{Ledger, Ticket};
 
 /// A stand-alone ticket ledger, to measure reserve/release.
@@ -45,10 +48,10 @@ pub struct ParsedSegment {
     pub damage: Option<(u64, &'static str)>,
 }
 
-/// Parses segment `segment` of engine `engine` the way a reader does, with the crate's own
-/// header and block parsers: the header, then blocks (of the header's generation) up to `end`,
-/// the segment's written length, each checked and decoded. `buf` is the file: shorter than
-/// `end` if it was truncated, longer if padded.
+/// Parses segment `segment` of engine `engine` the way a reader does, with the segment codec
+/// every reader walks with (`format/cursor.rs`): the header, then blocks (of the header's
+/// generation) up to `end`, the segment's written length, each checked and decoded. `buf` is
+/// the file: shorter than `end` if it was truncated, longer if padded.
 pub fn parse_segment(buf: &[u8], end: usize, segment: u32, engine: u64) -> ParsedSegment {
     let mut records = Vec::new();
     let damage = parse_into(&mut records, buf, end, segment, engine).err();
@@ -64,23 +67,16 @@ fn parse_into(
     engine: u64,
 ) -> std::result::Result<(), (u64, &'static str)> {
     // As the reader maps it: no further than the written length.
-    let buf = &buf[..end.min(buf.len())];
-    if buf.len() < crate::format::segment::HEADER_LEN {
-        return Err((buf.len() as u64, "segment truncated inside its header"));
-    }
-    let h = crate::format::segment::parse_header(buf).map_err(|d| (0, d))?;
-    if h.segment != segment || h.engine != engine {
-        return Err((0, "header names another segment or engine"));
-    }
-    let bind = crate::format::block::Binding {
-        segment,
-        generation: h.generation,
-        engine,
+    let buf = Bytes::copy_from_slice(&buf[..end.min(buf.len())]);
+    let want = Expected {
+        segment: Some(segment),
+        engine: Some(engine),
+        ..Expected::default()
     };
-    let counters = crate::metrics::Counters::default();
-    let mut cursor = SegmentCursor::new(bytes::Bytes::copy_from_slice(buf), end, bind);
-    while let Some(r) = cursor
-        .next(None, &counters)
+    let mut c = SegmentCursor::open(&buf, end as u64, want, &DECODE_POOL)
+        .map_err(|d| (d.offset, d.detail))?;
+    while let Some(r) = c
+        .next_in(&buf, None, None)
         .map_err(|d| (d.offset, d.detail))?
     {
         records.push(r.to_vec());
@@ -123,21 +119,18 @@ pub fn encode_segment_blocks(
             _ => Codec::Raw,
         };
         let mut dst = vec![0u8; raw.len()];
-        let (codec, stored) = match block::compress(codec, &raw, &mut dst) {
-            Some(n) => (codec, &dst[..n]),
-            None => (Codec::Raw, &raw[..]),
+        let raw_len = raw.len() as u64;
+        let (codec, mut stored) = match block::compress(codec, &raw, &mut dst) {
+            Some(n) => {
+                dst.truncate(n);
+                (codec, dst)
+            }
+            None => (Codec::Raw, raw),
         };
-        let h = block::encode_block_header(
-            bind,
-            v.len() as u64,
-            codec,
-            raw.len() as u64,
-            records.len() as u32,
-            0,
-            stored,
-        );
+        let (off, n) = (v.len() as u64, records.len() as u32);
+        let h = block::seal_in_place(None, bind, off, codec, raw_len, n, 0, false, &mut stored);
         v.extend_from_slice(&h);
-        v.extend_from_slice(stored);
+        v.extend_from_slice(&stored);
     }
     v
 }

@@ -26,6 +26,7 @@ per_backend!(
     damage_in_encrypted_blocks_buffered,
     damage_in_encrypted_lz4_blocks_direct_mapped,
     damage_in_compressed_chunks,
+    a_segment_cut_inside_its_header_is_corrupt_at_the_cut,
 );
 
 const REC: usize = 1000;
@@ -340,6 +341,37 @@ fn damage_in_zstd_blocks_direct_mapped(b: BackendKind) {
 
 fn damage_in_auto_blocks_direct(b: BackendKind) {
     damage_cases(b, WriteMode::Direct, 256 << 10, Compression::Auto, false);
+}
+
+/// A segment cut inside its header (40 of its 64 bytes left, or none) is `Corrupt` at the cut,
+/// after every record of the segments before it, whether the reader reads segments into a
+/// buffer or maps them (a file shorter than its header is mapped too, even an empty one: the
+/// walk reports the cut).
+fn a_segment_cut_inside_its_header_is_corrupt_at_the_cut(b: BackendKind) {
+    for (read_buffer_max, cut) in [(256 << 10, 40), (0, 40), (256 << 10, 0), (0, 0)] {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let c = cfg(dir.path(), b)
+            .segment_size(64 << 10)
+            .read_buffer_max(read_buffer_max);
+        let engine = Engine::open(c).unwrap();
+        let (task, st) = spill(&engine, false);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&st.paths()[2])
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let (good, err) = read_until_error(&st, false);
+        assert_eq!(
+            good,
+            2 * PER_SEGMENT,
+            "read_buffer_max {read_buffer_max}, cut {cut}"
+        );
+        assert_corrupt(&err, (2, cut), Some("segment truncated inside its header"));
+        drop(st);
+        task.close();
+        assert_clean(&engine, dir.path());
+    }
 }
 
 /// The reader as an iterator yields every record in order, then ends; on a damaged segment it

@@ -363,8 +363,9 @@ fn a_large_encrypted_record_read_once_leaves_no_memory_held(b: BackendKind) {
 /// and generation in its binding, a good CRC) in an encrypted engine's segment is refused,
 /// never read as records: else anyone who can write the file could feed the reader records
 /// the engine never wrote. The refusal was made twice, in the reader's block walk and in
-/// `CurBlock::decode`, so removing either went unnoticed; it is made once now, in `decode`,
-/// and this test was seen failing with it removed (the forged records were returned).
+/// `CurBlock::decode`, so removing either went unnoticed; it is made once now, in the segment
+/// codec's `SegmentCursor::open_block` (`format/cursor.rs`, where every block is checked), and
+/// this test was seen failing with it removed (the forged records were returned).
 fn a_valid_plaintext_block_in_an_encrypted_segment_is_refused(b: BackendKind) {
     let recs: Vec<Vec<u8>> = (0..200).map(|i| record(i, 1000)).collect();
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();

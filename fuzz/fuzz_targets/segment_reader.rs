@@ -1,7 +1,6 @@
-//! The segment format (version 3: blocks), through the reader's own parsers
-//! (`spillring::testing::parse_segment`: `segment::parse_header`, then the readers' one walk
-//! over the blocks, `spill/cursor.rs`'s `SegmentCursor`, with `format/block.rs`'s block
-//! parser and checksum).
+//! The segment format (version 3: blocks), through the readers' own codec
+//! (`spillring::testing::parse_segment`: the segment codec of `format/cursor.rs`, which every
+//! reader walks with: the header's checks, then the blocks, each checked and decoded).
 //!
 //! (a) The raw input as a segment file (and as a segment file name): never panics, and a
 //!     clean parse ends at the written length.

@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use super::crc;
 use super::crypt::BlockKey;
-use super::segment::{Damage, FRAME_LEN};
+use super::segment::FRAME_LEN;
 
 /// Bytes of a block header.
 pub const BLOCK_HEADER_LEN: usize = 64;
@@ -149,7 +149,16 @@ impl BlockSeal {
         records: u32,
         pad: u32,
     ) -> Self {
-        let fields = header_fields(codec.id(), stored, raw, records, pad);
+        Self::with_fields(
+            bind,
+            offset,
+            header_fields(codec.id(), stored, raw, records, pad),
+        )
+    }
+
+    /// The CRC-32C of a block's binding and header fields, before its stored bytes: the one
+    /// place the checksum's input is laid out, for the writer and the reader alike.
+    fn with_fields(bind: Binding, offset: u64, fields: [u8; 48]) -> Self {
         let crc = crc::crc32c(&binding_bytes(bind, offset));
         let crc = crc::crc32c_append(crc, &fields);
         BlockSeal { fields, crc }
@@ -174,19 +183,6 @@ impl BlockSeal {
     }
 }
 
-/// The header of a block whose stored bytes are `stored` (all in hand).
-pub fn encode_block_header(
-    bind: Binding,
-    offset: u64,
-    codec: Codec,
-    raw: u64,
-    records: u32,
-    pad: u32,
-    stored: &[u8],
-) -> [u8; BLOCK_HEADER_LEN] {
-    BlockSeal::new(bind, offset, codec, stored.len() as u64, raw, records, pad).finish_over(stored)
-}
-
 /// Seals a block whose stored bytes are `stored`: without a key, the header with its CRC-32C;
 /// with one, encrypts `stored` in place and returns the header with the flag, the nonce
 /// counter and the tag (see `format/crypt.rs`).
@@ -207,9 +203,7 @@ pub(crate) fn seal_in_place(
         fields[5] = FLAG_CHUNK;
     }
     let Some(key) = key else {
-        let crc = crc::crc32c(&binding_bytes(bind, offset));
-        let crc = crc::crc32c_append(crc, &fields);
-        return BlockSeal { fields, crc }.finish_over(stored);
+        return BlockSeal::with_fields(bind, offset, fields).finish_over(stored);
     };
     fields[5] |= FLAG_ENCRYPTED;
     let counter = key.next_counter();
@@ -227,60 +221,6 @@ pub fn record_frame(len: usize) -> [u8; FRAME_LEN] {
     let mut f = [0u8; FRAME_LEN];
     f[0..4].copy_from_slice(&(len as u32).to_le_bytes());
     f
-}
-
-/// A block found in a segment: its header, where its stored bytes lie, where the next block
-/// starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Block {
-    /// The block's file offset.
-    pub offset: usize,
-    /// What its header says.
-    pub header: BlockHeader,
-    /// Its stored bytes in the segment buffer.
-    pub stored: Range<usize>,
-    /// Where the next block starts.
-    pub next: usize,
-}
-
-/// Parses the block header at `off`; checks nothing but the header's own fields and bounds.
-/// The checksum is [`check_block`]'s. `buf` holds the segment from offset 0 (it may be shorter
-/// than `end`, a truncated file). `Ok(None)` exactly at `end`.
-pub fn block_at(buf: &[u8], off: usize, end: usize) -> Result<Option<Block>, Damage> {
-    if off == end {
-        return Ok(None);
-    }
-    let damage = |detail| Damage {
-        offset: off as u64,
-        detail,
-    };
-    let avail = end.min(buf.len());
-    if off > end || end - off < BLOCK_HEADER_LEN {
-        return Err(damage("truncated block header"));
-    }
-    if off >= avail || avail - off < BLOCK_HEADER_LEN {
-        return Err(damage("segment truncated inside a block header"));
-    }
-    let h = &buf[off..off + BLOCK_HEADER_LEN];
-    let header = parse_block_header(h).map_err(damage)?;
-    let start = off + BLOCK_HEADER_LEN;
-    let stored = usize::try_from(header.stored)
-        .ok()
-        .filter(|s| *s <= end - start)
-        .ok_or(damage("block runs past the end of the segment"))?;
-    if stored > avail - start {
-        return Err(damage("segment truncated inside a block"));
-    }
-    let next = start + stored + header.pad as usize;
-    if next > end {
-        return Err(damage("block padding runs past the end of the segment"));
-    }
-    Ok(Some(Block {
-        offset: off,
-        header,
-        stored: start..start + stored,
-        next,
-    }))
 }
 
 /// Parses a block header's fields (not its checksum).
@@ -325,35 +265,12 @@ pub fn parse_block_header(h: &[u8]) -> Result<BlockHeader, &'static str> {
     Ok(header)
 }
 
-/// Checks a block's checksum over its binding, header and stored bytes.
-pub fn check_block(buf: &[u8], b: &Block, bind: Binding) -> Result<(), Damage> {
-    check_parts(
-        &buf[b.offset..b.offset + BLOCK_HEADER_LEN],
-        &buf[b.stored.clone()],
-        bind,
-        b.offset as u64,
-    )
-}
-
-/// [`check_block`] for a header and stored bytes held apart (a reader without a map).
-pub fn check_parts(h: &[u8], stored: &[u8], bind: Binding, offset: u64) -> Result<(), Damage> {
-    if h[5] & FLAG_ENCRYPTED != 0 {
-        return Err(Damage {
-            offset,
-            detail: "encrypted block: only the engine holding its key can check and read it",
-        });
-    }
-    let crc = crc::crc32c(&binding_bytes(bind, offset));
-    let crc = crc::crc32c_append(crc, &h[..48]);
-    let crc = crc::crc32c_append(crc, stored);
-    let want = u32::from_le_bytes([h[48], h[49], h[50], h[51]]);
-    if crc != want || h[52..64].iter().any(|&x| x != 0) {
-        return Err(Damage {
-            offset,
-            detail: "block checksum mismatch",
-        });
-    }
-    Ok(())
+/// True when `h`, a plaintext block's 64 header bytes, holds the CRC-32C of its binding (`bind`
+/// at `offset`), its fields and `stored`, its stored bytes.
+pub(crate) fn crc_matches(h: &[u8], stored: &[u8], bind: Binding, offset: u64) -> bool {
+    let mut fields = [0u8; 48];
+    fields.copy_from_slice(&h[..48]);
+    BlockSeal::with_fields(bind, offset, fields).finish_over(stored)[..] == h[..BLOCK_HEADER_LEN]
 }
 
 /// Compresses `src` into `dst` with `codec`; `None` when it does not fit (does not shrink
@@ -502,21 +419,6 @@ pub fn record_in(raw: &[u8], off: usize) -> Result<Option<Range<usize>>, &'stati
         return Err("record runs past the end of its block");
     }
     Ok(Some(start..start + len))
-}
-
-/// Every record of a block's decoded bytes, checked against the header's count.
-#[cfg(test)]
-pub fn records_of(raw: &[u8], count: u32) -> Result<Vec<Range<usize>>, &'static str> {
-    let mut v = Vec::new();
-    let mut off = 0;
-    while let Some(r) = record_in(raw, off)? {
-        off = r.end;
-        v.push(r);
-    }
-    if v.len() != count as usize {
-        return Err("block holds another number of records than its header says");
-    }
-    Ok(v)
 }
 
 #[cfg(test)]

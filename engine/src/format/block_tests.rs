@@ -1,4 +1,6 @@
 use super::*;
+use crate::format::cursor::tests::walk_from;
+use crate::format::segment::Damage;
 use proptest::prelude::*;
 
 const B: Binding = Binding {
@@ -15,18 +17,20 @@ fn block_bytes(records: &[&[u8]], codec: Codec, off: usize, bind: Binding) -> Ve
         raw.extend_from_slice(r);
     }
     let mut dst = vec![0u8; raw.len() + 64];
-    let (codec, stored) = match compress(codec, &raw, &mut dst) {
+    let (codec, mut stored) = match compress(codec, &raw, &mut dst) {
         Some(n) => (codec, dst[..n].to_vec()),
         None => (Codec::Raw, raw.clone()),
     };
-    let h = encode_block_header(
+    let h = seal_in_place(
+        None,
         bind,
         off as u64,
         codec,
         raw.len() as u64,
         records.len() as u32,
         0,
-        &stored,
+        false,
+        &mut stored,
     );
     let mut v = vec![0u8; off];
     v.extend_from_slice(&h);
@@ -34,25 +38,10 @@ fn block_bytes(records: &[&[u8]], codec: Codec, off: usize, bind: Binding) -> Ve
     v
 }
 
+/// The records of the block at `off` of `buf`, read as a reader reads them: checked and
+/// decoded by the segment codec's walk.
 fn decode(buf: &[u8], off: usize, bind: Binding) -> Result<Vec<Vec<u8>>, Damage> {
-    let b = block_at(buf, off, buf.len())?.expect("a block");
-    check_block(buf, &b, bind)?;
-    let stored = &buf[b.stored.clone()];
-    let raw = if b.header.codec == 0 {
-        stored.to_vec()
-    } else {
-        let mut out = vec![0u8; b.header.raw as usize];
-        decompress(b.header.codec, stored, &mut out).map_err(|detail| Damage {
-            offset: off as u64,
-            detail,
-        })?;
-        out
-    };
-    let rs = records_of(&raw, b.header.records).map_err(|detail| Damage {
-        offset: off as u64,
-        detail,
-    })?;
-    Ok(rs.into_iter().map(|r| raw[r].to_vec()).collect())
+    walk_from(buf, off, buf.len(), bind, None)
 }
 
 #[test]
@@ -142,22 +131,26 @@ fn damage_is_found_and_located() {
     }
     // Truncated: inside the header, inside the stored bytes.
     assert_eq!(
-        block_at(&buf[..100], 64, buf.len()).unwrap_err().detail,
+        walk_from(&buf[..100], 64, buf.len(), B, None)
+            .unwrap_err()
+            .detail,
         "segment truncated inside a block header"
     );
     assert_eq!(
-        block_at(&buf[..buf.len() - 1], 64, buf.len())
+        walk_from(&buf[..buf.len() - 1], 64, buf.len(), B, None)
             .unwrap_err()
             .detail,
         "segment truncated inside a block"
     );
     assert_eq!(
-        block_at(&buf, 64, buf.len() - 1).unwrap_err().detail,
+        walk_from(&buf, 64, buf.len() - 1, B, None)
+            .unwrap_err()
+            .detail,
         "block runs past the end of the segment"
     );
     // Zeros (direct-mode padding read as data) are never a block.
     let zeros = [0u8; 128];
-    assert!(block_at(&zeros, 0, 128).is_err());
+    assert!(walk_from(&zeros, 0, 128, B, None).is_err());
 }
 
 proptest! {

@@ -155,6 +155,18 @@ pub struct Damage {
     pub detail: &'static str,
 }
 
+impl Damage {
+    /// The error a reader returns for this damage in segment `segment`, the file at `path`.
+    pub(crate) fn error(self, path: std::path::PathBuf, segment: u32) -> crate::error::SpillError {
+        crate::error::SpillError::Corrupt {
+            path,
+            segment,
+            offset: self.offset,
+            detail: self.detail,
+        }
+    }
+}
+
 /// Capacity of a segment file name buffer (NUL included).
 pub(crate) const NAME_CAP: usize = 32;
 

@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::format::cursor::DecodeBufs;
+
 /// Buffers that compressed blocks are decoded into, reused: a reader takes one per compressed
 /// block and hands out `Bytes` into it; the last `Bytes` dropped gives it back. Process-wide
 /// (readers without an engine use it too). Bounded in bytes, not only in count (issue 25,
@@ -102,6 +104,14 @@ impl DecodePool {
     }
 }
 
+/// The segment codec decodes into the pool's buffers.
+impl DecodeBufs for &'static DecodePool {
+    type Buf = Decoded;
+    fn take(&self, len: usize) -> Decoded {
+        DecodePool::take(self, len)
+    }
+}
+
 /// A decode buffer; back to its pool on drop. Wrap it in `Bytes::from_owner`.
 #[derive(Debug)]
 pub(crate) struct Decoded {
@@ -109,8 +119,8 @@ pub(crate) struct Decoded {
     pool: &'static DecodePool,
 }
 
-impl Decoded {
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+impl AsMut<[u8]> for Decoded {
+    fn as_mut(&mut self) -> &mut [u8] {
         &mut self.v
     }
 }

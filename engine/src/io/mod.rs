@@ -24,7 +24,7 @@ mod reaper;
 pub(crate) mod uring;
 
 pub(crate) use buf::{BufferPool, IoBuf, Mapping, NoBuffer, OpenBlock, Refused, Taken};
-pub(crate) use decode::{DECODE_POOL, Decoded};
+pub(crate) use decode::{DECODE_POOL, DecodePool};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
 pub(crate) use keptmap::{KeptMaps, SharedMap};

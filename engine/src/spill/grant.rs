@@ -300,10 +300,9 @@ impl StateShared {
         self.files.is_aborted()
     }
 
-    /// Where segment `i` is, its written length and its generation; `None` once the files
-    /// are gone.
-    /// Segment `i`: its directory, number, written length, generation, and the fd its writer
-    /// left with it if that is still open and fit for plain reads (not `O_DIRECT`).
+    /// Segment `i`: where it is, its written length and generation, and the fd and map its
+    /// last use left with it if still open and fit for plain reads (not `O_DIRECT`); `None`
+    /// once the files are gone.
     pub(crate) fn segment(&self, i: usize) -> Option<SegmentAt> {
         let plain = self.core().cfg.mode != crate::config::WriteMode::Direct;
         self.files.with_entries(|es| {
@@ -328,10 +327,6 @@ impl StateShared {
                 e.map = Some(map);
             }
         });
-    }
-
-    pub(crate) fn segment_count(&self) -> usize {
-        self.segments
     }
 
     /// Holds `entries` (of `records` records, `payload` bytes of them) with one grant, not yet
@@ -414,11 +409,6 @@ impl StateShared {
             .get_or_init(|| (0..self.segments).map(|_| AtomicUsize::new(0)).collect())
     }
 
-    /// Takes a grant unless the files are already gone. Waits for a publish under way to end.
-    pub(crate) fn acquire(&self) -> Result<()> {
-        self.files.acquire()
-    }
-
     /// Releases a grant; the last one hands the files back: to the segment pool those no
     /// mapping points into any more, to the delete path the rest. (No reader can map one
     /// meanwhile: readers are grants.)
@@ -466,6 +456,15 @@ impl Member for StateShared {
 /// One grant on a state's files, released on drop.
 #[derive(Debug)]
 pub(crate) struct Grant(pub(crate) Arc<StateShared>);
+
+/// Another grant on the same files, whatever their life (a grant of a state the scope closed
+/// is closed too).
+impl Clone for Grant {
+    fn clone(&self) -> Self {
+        self.0.files.add();
+        Grant(self.0.clone())
+    }
+}
 
 impl Drop for Grant {
     fn drop(&mut self) {

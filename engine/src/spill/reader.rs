@@ -40,7 +40,8 @@
 //! with plain `read` instead of through the engine.
 
 use std::future::poll_fn;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -50,14 +51,12 @@ use memmap2::{Advice, Mmap};
 
 use crate::error::{Result, SpillError};
 use crate::fault::fault_point;
-use crate::format::block::Binding;
-use crate::format::segment::{self, HEADER_LEN, SegmentFileName};
-use crate::io::{Offloaded, Reaped, Reaper, SharedMap};
+use crate::format::cursor::{Expected, SegmentCursor};
+use crate::format::segment::{Damage, SegmentFileName};
+use crate::io::{DECODE_POOL, DecodePool, FileHandle, Offloaded, Reaped, Reaper, SharedMap};
 use crate::metrics::Counters;
 use crate::spill::budget::Budget;
-use crate::spill::cursor::SegmentCursor;
-use crate::spill::grant::{Grant, SegmentAt, StateShared, open_error};
-use crate::spill::segment_fd::{ReadSmall, SegmentFd, read_small, touch_pages};
+use crate::spill::grant::{Grant, StateShared, open_error};
 use crate::store::proc::ProcDir;
 
 /// A segment's map: made for one reader, or kept with its file across uses (`io/keptmap.rs`).
@@ -90,10 +89,9 @@ impl AsRef<[u8]> for MapOwner {
 
 impl Drop for MapOwner {
     fn drop(&mut self) {
-        match self.map.take() {
-            Some(MapRef::Own(m)) => self.reaper.reap(Reaped::Map(m)),
-            Some(MapRef::Kept(m)) => drop(m),
-            None => {}
+        // A kept map is let go here; an own one is unmapped on the reaper.
+        if let Some(MapRef::Own(m)) = self.map.take() {
+            self.reaper.reap(Reaped::Map(m));
         }
         if let Some(c) = self.maps.get(self.index) {
             c.fetch_sub(1, Ordering::AcqRel);
@@ -101,13 +99,20 @@ impl Drop for MapOwner {
     }
 }
 
-struct Mapped {
-    /// The walk over the segment's bytes (up to its written length; the map is shorter if
-    /// the file was truncated).
-    cursor: SegmentCursor,
-    seg: u32,
+/// A segment being read: its bytes (a read buffer or a map, up to its written length) and the
+/// codec's walk over them.
+struct Segment {
+    cursor: SegmentCursor<&'static DecodePool>,
+    /// Shorter than the written length if the file was truncated.
+    bytes: Bytes,
     /// The segment's directory, for the path in an error (built only then).
     dir: Arc<ProcDir>,
+}
+
+/// What a reader does next ([`SpillReader::step`]).
+enum Next {
+    Record(Option<Bytes>),
+    Open(usize),
 }
 
 /// Reads a [`crate::SpilledState`]'s records in write order. Holds one grant; dropping the
@@ -139,12 +144,12 @@ struct Mapped {
 /// records) and what a caller must not do.
 pub struct SpillReader {
     // Field order: the map is released before the grant.
-    cur: Option<Mapped>,
+    cur: Option<Segment>,
     next_seg: usize,
     /// The iterator returned an error: it ends there (`next` gives `None` from then on).
     iter_failed: bool,
     /// Async reads: the open of segment `.0` running on the offload pool (read-ahead).
-    ahead: Option<(usize, Offloaded<Result<Mapped>>)>,
+    ahead: Option<(usize, Offloaded<Result<Segment>>)>,
     /// The work `next_record_async` may do before it yields (`spill/budget.rs`).
     budget: Budget,
     grant: Grant,
@@ -207,21 +212,11 @@ impl SpillReader {
     }
 
     fn next_record_uncounted(&mut self) -> Result<Option<Bytes>> {
-        if self.grant.0.is_aborted() {
-            return Err(self.aborted());
-        }
         loop {
-            if self.cur.is_some() {
-                match self.next_in_current() {
-                    Some(r) => return r,
-                    None => self.cur = None,
-                }
+            match self.step()? {
+                Next::Record(rec) => return Ok(rec),
+                Next::Open(i) => self.enter(open_segment(&self.grant.0, i, false))?,
             }
-            if self.next_seg >= self.grant.0.segment_count() {
-                return Ok(None);
-            }
-            self.cur = Some(self.open(self.next_seg)?);
-            self.next_seg += 1;
         }
     }
 
@@ -256,234 +251,261 @@ impl SpillReader {
     }
 
     fn poll_next_record_budgeted(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
-        if self.grant.0.is_aborted() {
-            self.ahead = None;
-            return Poll::Ready(Err(self.aborted()));
-        }
         loop {
-            if self.cur.is_some() {
-                match self.next_in_current() {
-                    Some(r) => return Poll::Ready(r),
-                    None => self.cur = None,
-                }
-            }
-            if self.next_seg >= self.grant.0.segment_count() {
-                return Poll::Ready(Ok(None));
-            }
-            if self.ahead.as_ref().is_none_or(|(i, _)| *i != self.next_seg) {
-                self.ahead = Some((self.next_seg, self.open_ahead(self.next_seg)));
-            }
-            let Some((_, job)) = self.ahead.as_mut() else {
-                return Poll::Ready(Err(SpillError::Closed { what: "reader" }));
+            let i = match self.step()? {
+                Next::Record(rec) => return Poll::Ready(Ok(rec)),
+                Next::Open(i) => i,
             };
-            let opened = match job.poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(r) => r,
+            let job = match self.ahead.take() {
+                Some((j, job)) if j == i => job,
+                _ => self.open_ahead(i),
             };
+            let opened = std::task::ready!(self.ahead.insert((i, job)).1.poll(cx));
             self.ahead = None;
-            match opened {
-                Ok(m) => self.cur = Some(m),
-                Err(e) if e.is_aborted() => return Poll::Ready(Err(self.aborted())),
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-            self.next_seg += 1;
-            if self.next_seg < self.grant.0.segment_count() {
-                self.ahead = Some((self.next_seg, self.open_ahead(self.next_seg)));
+            self.enter(opened)?;
+            if i + 1 < self.grant.0.segments {
+                self.ahead = Some((i + 1, self.open_ahead(i + 1)));
             }
         }
     }
 
     /// Starts opening segment `i` on the offload pool. The job holds a grant of its own, so
     /// the files stay while it maps and touches them even if this reader goes meanwhile.
-    fn open_ahead(&self, i: usize) -> Offloaded<Result<Mapped>> {
-        let state = self.grant.0.clone();
-        state.files.add();
-        let grant = Grant(state);
-        self.grant.0.core().io.offload().run(move || {
-            let r = open_segment(&grant.0, i, true);
-            drop(grant);
-            r
+    fn open_ahead(&self, i: usize) -> Offloaded<Result<Segment>> {
+        let grant = self.grant.clone();
+        let offload = self.grant.0.core().io.offload();
+        offload.run(move || open_segment(&grant.0, i, true))
+    }
+
+    /// What comes next: a record of the segment being read, `None` after the last, or the
+    /// open of the next segment (once the one being read is done, and let go).
+    fn step(&mut self) -> Result<Next> {
+        if self.grant.0.is_aborted() {
+            return Err(self.aborted());
+        }
+        if let Some(m) = self.cur.as_mut() {
+            let core = self.grant.0.core();
+            match m
+                .cursor
+                .next_in(&m.bytes, core.key.as_ref(), Some(&core.counters))
+            {
+                Ok(Some(rec)) => {
+                    Counters::add(&core.counters.bytes_read, rec.len() as u64);
+                    Counters::add(&core.counters.records_read, 1);
+                    return Ok(Next::Record(Some(rec)));
+                }
+                Ok(None) => self.cur = None,
+                Err(d) => {
+                    let seg = m.cursor.header().segment;
+                    return Err(d.error(segment_path(&m.dir, seg), seg));
+                }
+            }
+        }
+        Ok(if self.next_seg < self.grant.0.segments {
+            Next::Open(self.next_seg)
+        } else {
+            Next::Record(None)
         })
     }
 
-    /// The next frame of the current segment: `None` at its end (or with no current segment).
-    fn next_in_current(&mut self) -> Option<Result<Option<Bytes>>> {
-        let m = self.cur.as_mut()?;
-        let core = self.grant.0.core();
-        match m.cursor.next(core.key.as_ref(), &core.counters) {
-            Ok(Some(rec)) => {
-                Counters::add(&core.counters.bytes_read, rec.len() as u64);
-                Counters::add(&core.counters.records_read, 1);
-                Some(Ok(Some(rec)))
+    /// Makes the segment just opened (`opened`, the next one) the current one.
+    fn enter(&mut self, opened: Result<Segment>) -> Result<()> {
+        match opened {
+            Ok(m) => {
+                self.cur = Some(m);
+                self.next_seg += 1;
+                Ok(())
             }
-            Ok(None) => None,
-            Err(d) => Some(Err(SpillError::Corrupt {
-                path: m.dir.path.join(SegmentFileName::new(m.seg).as_str()),
-                segment: m.seg,
-                offset: d.offset,
-                detail: d.detail,
-            })),
+            Err(e) if e.is_aborted() => Err(self.aborted()),
+            Err(e) => Err(e),
         }
     }
 
     fn aborted(&mut self) -> SpillError {
         self.cur = None;
+        self.ahead = None;
         Counters::add(&self.grant.0.core().counters.aborts_observed, 1);
         self.grant.0.why_gone(SpillError::Aborted)
     }
+}
 
-    /// Maps segment `i` (its written length only) and checks its header.
-    fn open(&mut self, i: usize) -> Result<Mapped> {
-        open_segment(&self.grant.0, i, false)
-            .map_err(|e| if e.is_aborted() { self.aborted() } else { e })
-    }
+fn segment_path(dir: &ProcDir, seg: u32) -> PathBuf {
+    dir.path.join(SegmentFileName::new(seg).as_str())
 }
 
 /// Opens segment `i` of `state`: one `pread` into a buffer of its own, or a map of its written
 /// length; checks its header. `warm` (async reads, on an offload thread) touches every page
 /// of a map, so that the caller's thread takes no page fault of a cold map. An abort is
 /// `Aborted` (the caller counts it).
-fn open_segment(state: &StateShared, i: usize, warm: bool) -> Result<Mapped> {
+fn open_segment(state: &StateShared, i: usize, warm: bool) -> Result<Segment> {
     let started = std::time::Instant::now();
     let r = open_segment_timed(state, i, warm);
     state.core().counters.latency.read.record_since(started);
     r
 }
 
-fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Mapped> {
-    if state.is_aborted() {
-        return Err(SpillError::Aborted);
-    }
+fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Segment> {
     // Gone only through an abort: a reader's grant keeps the files otherwise.
-    let Some(at) = state.segment(i) else {
-        return Err(SpillError::Aborted);
+    let at = match state.segment(i) {
+        Some(at) if !state.is_aborted() => at,
+        _ => return Err(SpillError::Aborted),
     };
-    let SegmentAt {
-        dir,
-        seg,
-        len: written,
-        generation,
-        fd: kept,
-        map: kept_map,
-    } = at;
+    let (seg, end) = (at.seg, at.len);
     let name = SegmentFileName::new(seg);
-    let path = || dir.path.join(name.as_str());
+    let path = || segment_path(&at.dir, seg);
     fault_point!(ReaderOpen, state.core().fault, task: state.task().and_then(|t| t.fault_plan()));
+    let core = state.core();
     // The fd the writer left with the file (held here, so the fd bound cannot close it
     // under the read), or the file opened by name.
-    let file = match kept {
+    let file = match at.fd {
         // A cancel since the check above deleted the file: its fd still reads it, but the
         // state is gone (an open by name finds no file then).
         Some(_) if state.is_aborted() => return Err(SpillError::Aborted),
         Some(h) => SegmentFd::Kept(h),
-        None => {
-            // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
-            let opened = state
-                .core()
-                .io
-                .fds()
-                .open_with(|| crate::sys::fs::open_file_at(dir.as_fd(), name.as_cstr(), false));
-            match opened {
-                Ok(fd) => SegmentFd::Opened(fd),
-                Err(e) => return Err(open_error(state, path(), e)),
-            }
-        }
+        // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
+        None => match core
+            .io
+            .fds()
+            .open_with(|| crate::sys::fs::open_file_at(at.dir.as_fd(), name.as_cstr(), false))
+        {
+            Ok(fd) => SegmentFd::Opened(fd),
+            Err(e) => return Err(open_error(state, path(), e)),
+        },
     };
-    let corrupt = |offset, detail| SpillError::Corrupt {
-        path: path(),
-        segment: seg,
-        offset,
-        detail,
-    };
-    let end = usize::try_from(written)
-        .map_err(|_| corrupt(0, "segment larger than the address space"))?;
-    let core = state.core();
     // A truncated file is read (or mapped) as far as it goes: records before the cut are
     // returned, the one crossing it is reported at its offset.
-    let bytes = if end <= core.cfg.read_buffer_max {
-        read_small(core, file.as_fd(), end).map_err(|e| match e {
-            ReadSmall::Io(e) => SpillError::io("read", path(), e),
-            ReadSmall::Short(got) => corrupt(got as u64, "segment truncated inside its header"),
-        })?
+    let bytes = if end <= core.cfg.read_buffer_max as u64 {
+        read_small(core, file.as_fd(), end as usize)
+            .map_err(|e| SpillError::io("read", path(), e))?
     } else {
         let size = crate::sys::fs::file_size(file.as_fd())
             .map_err(|e| SpillError::io("stat", path(), e))?;
-        let len = end.min(usize::try_from(size).unwrap_or(usize::MAX));
-        if len < HEADER_LEN {
-            return Err(corrupt(size, "segment truncated inside its header"));
-        }
-        let through_kept_fd = matches!(file, SegmentFd::Kept(_));
-        let map = match kept_map {
-            // The map a reader of the file's last use left with it: the same file (its fd was
-            // kept throughout), whose page cache this use's writer filled in place. No map,
-            // no page fault.
-            Some(m) if through_kept_fd && m.len() >= len => MapRef::Kept(m),
-            _ => {
-                // See the module docs: the file is private, opened without following links,
-                // and never written or truncated by the engine while a record of a mapping
-                // of it is alive (a mapped segment does not go back to the pool); the map
-                // covers only bytes that exist (`len <= size`).
-                let map = crate::sys::mem::map_segment(file.as_fd(), len)
-                    .map_err(|e| SpillError::io("mmap", path(), e))?;
-                // Sequential doubles the readahead window. (WillNeed on the whole segment was
-                // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
-                let _ = map.advise(Advice::Sequential);
-                // Kept with a file the pool may reuse, for the reader of its next use.
-                if through_kept_fd && core.store.pool.enabled() {
-                    match core.io.kept_maps().keep(map, core.io.reaper()) {
-                        Ok(shared) => {
-                            state.keep_map(i, generation, shared.clone());
-                            MapRef::Kept(shared)
-                        }
-                        Err(map) => MapRef::Own(map),
-                    }
-                } else {
-                    MapRef::Own(map)
-                }
-            }
-        };
-        if let Some(c) = state.maps().get(i) {
-            c.fetch_add(1, Ordering::AcqRel);
-        }
-        let bytes = Bytes::from_owner(MapOwner {
-            map: Some(map),
-            len,
-            reaper: core.io.reaper().clone(),
-            maps: state.maps().clone(),
-            index: i,
-        });
-        if warm {
-            touch_pages(&bytes);
-        }
-        bytes
+        let len = usize::try_from(end.min(size)).map_err(|_| {
+            let d = Damage {
+                offset: 0,
+                detail: "segment larger than the address space",
+            };
+            d.error(path(), seg)
+        })?;
+        // Shorter than its header, even empty, it is mapped too: the walk reports it.
+        map(state, i, at.generation, at.map, &file, len, warm)
+            .map_err(|e| SpillError::io("mmap", path(), e))?
     };
     drop(file);
-    let hdr = segment::parse_header(&bytes).map_err(|d| corrupt(0, d))?;
-    match (hdr.key_id, core.key_id()) {
-        (None, 0) => {}
-        (Some(k), id) if k == id => {}
-        (Some(_), _) => {
-            return Err(corrupt(
-                0,
-                "segment encrypted by another engine (its key died with it)",
-            ));
-        }
-        (None, _) => return Err(corrupt(0, "plaintext segment in an encrypted engine")),
-    }
-    if hdr.segment != seg || hdr.engine != core.id {
-        return Err(corrupt(0, "header names another segment or engine"));
-    }
-    if hdr.generation != generation {
-        return Err(corrupt(0, "header is of another use of this file"));
-    }
-    let bind = Binding {
-        segment: seg,
-        generation,
-        engine: core.id,
+    let want = Expected {
+        segment: Some(seg),
+        engine: Some(core.id),
+        generation: Some(at.generation),
+        key_id: core.key_id(),
     };
-    Ok(Mapped {
-        cursor: SegmentCursor::new(bytes, end, bind),
-        seg,
-        dir,
+    let cursor =
+        SegmentCursor::open(&bytes, end, want, &DECODE_POOL).map_err(|d| d.error(path(), seg))?;
+    Ok(Segment {
+        cursor,
+        bytes,
+        dir: at.dir,
     })
+}
+
+/// A map of the first `len` bytes of segment `i` (use `generation`) of `state`, read through
+/// `file`: the map a reader of the file's last use left with it (`kept`), or a new one, kept
+/// with the file if it may be pooled. `warm` touches every page.
+fn map(
+    state: &StateShared,
+    i: usize,
+    generation: u32,
+    kept: Option<SharedMap>,
+    file: &SegmentFd,
+    len: usize,
+    warm: bool,
+) -> std::io::Result<Bytes> {
+    let core = state.core();
+    let through_kept_fd = matches!(file, SegmentFd::Kept(_));
+    let map = match kept {
+        // The map a reader of the file's last use left with it: the same file (its fd was
+        // kept throughout), whose page cache this use's writer filled in place. No map,
+        // no page fault.
+        Some(m) if through_kept_fd && m.len() >= len => MapRef::Kept(m),
+        _ => {
+            // See the module docs: the file is private, opened without following links,
+            // and never written or truncated by the engine while a record of a mapping
+            // of it is alive (a mapped segment does not go back to the pool); the map
+            // covers only bytes that exist (`len <= size`).
+            let map = crate::sys::mem::map_segment(file.as_fd(), len)?;
+            // Sequential doubles the readahead window. (WillNeed on the whole segment was
+            // tried: cold direct-mode reads got slower, 0.97-0.98 against 1.24-1.66 GB/s.)
+            let _ = map.advise(Advice::Sequential);
+            // Kept with a file the pool may reuse, for the reader of its next use.
+            if through_kept_fd && core.store.pool.enabled() {
+                match core.io.kept_maps().keep(map, core.io.reaper()) {
+                    Ok(shared) => {
+                        state.keep_map(i, generation, shared.clone());
+                        MapRef::Kept(shared)
+                    }
+                    Err(map) => MapRef::Own(map),
+                }
+            } else {
+                MapRef::Own(map)
+            }
+        }
+    };
+    if let Some(c) = state.maps().get(i) {
+        c.fetch_add(1, Ordering::AcqRel);
+    }
+    let bytes = Bytes::from_owner(MapOwner {
+        map: Some(map),
+        len,
+        reaper: core.io.reaper().clone(),
+        maps: state.maps().clone(),
+        index: i,
+    });
+    if warm {
+        // One byte of every page: the page faults of a cold map are taken here (on an
+        // offload thread), so the async reader's caller finds the pages resident.
+        let mut acc = 0u8;
+        for i in (0..len).step_by(4096) {
+            acc ^= bytes[i];
+        }
+        std::hint::black_box(acc);
+    }
+    Ok(bytes)
+}
+
+/// A segment's fd for one open: the writer's, kept with the file, or one opened here (closed
+/// when the open is done: a map needs no fd).
+enum SegmentFd {
+    Kept(Arc<FileHandle>),
+    Opened(OwnedFd),
+}
+
+impl AsFd for SegmentFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            SegmentFd::Kept(h) => h.as_fd(),
+            SegmentFd::Opened(fd) => fd.as_fd(),
+        }
+    }
+}
+
+/// One `pread` of a small segment's first `len` bytes into a kept read buffer
+/// (`core.read_bufs`), which comes back when the last record pointing into it goes; a file
+/// that ends sooner gives fewer (a truncated file, which the walk reports; no fstat).
+fn read_small(
+    core: &crate::shared::EngineShared,
+    file: BorrowedFd<'_>,
+    len: usize,
+) -> std::io::Result<Bytes> {
+    let mut buf = core.read_bufs.take(len);
+    let space = buf.space();
+    let mut got = 0;
+    while got < space.len() {
+        match crate::sys::rw::pread(file, &mut space[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(Bytes::from_owner(buf))
 }

@@ -1,9 +1,9 @@
 //! [`SegmentReader`]: reads one published segment file without an engine.
 //!
-//! The bytes are parsed by [`crate::format::segment`] and [`crate::format::block`] (the
-//! header, each block's header and checksum); this module only reads the file, with plain
-//! `read`s through a buffer (no mapping, so a file shrunk or damaged under the reader is an
-//! error, never a `SIGBUS`). Each block is read into a buffer of its own (a compressed one is
+//! The bytes are checked and decoded by the segment codec (`format/cursor.rs`, the walk every
+//! reader uses); this module only reads the file, with plain `read`s through a buffer (no
+//! mapping, so a file shrunk or damaged under the reader is an error, never a `SIGBUS`), and
+//! hands the walk each block as it reads it, into a buffer of its own (a compressed one is
 //! decoded into a pooled buffer): memory is bounded by the largest block, not by the file.
 
 use std::fs::File;
@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::error::{Result, SpillError};
-use crate::format::block::{self, BLOCK_HEADER_LEN, Binding};
-use crate::format::segment::{self, HEADER_LEN, SegmentHeader};
-use crate::metrics::Counters;
-use crate::spill::cursor::CurBlock;
+use crate::format::block::BLOCK_HEADER_LEN;
+use crate::format::cursor::{Expected, SegmentCursor};
+use crate::format::segment::{self, Damage, HEADER_LEN, SegmentHeader};
+use crate::io::{DECODE_POOL, DecodePool};
 
 /// The read-ahead buffer: a few syscalls per MiB of small records.
 const READ_BUFFER: usize = 128 << 10;
@@ -62,15 +62,8 @@ const READ_BUFFER: usize = 128 << 10;
 pub struct SegmentReader {
     file: BufReader<File>,
     path: PathBuf,
-    header: SegmentHeader,
-    /// Offset of the next block.
-    off: u64,
-    /// The block whose records are being handed out.
-    block: Option<CurBlock>,
-    /// This reader's own counters (a reader without an engine counts into nothing shared).
-    counters: Counters,
-    /// The file's length when it was opened: where the last frame must end.
-    len: u64,
+    /// The codec's walk, handed each block as it is read.
+    cursor: SegmentCursor<&'static DecodePool>,
     /// An error was returned: the reader ends there.
     failed: bool,
 }
@@ -79,8 +72,7 @@ impl std::fmt::Debug for SegmentReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SegmentReader")
             .field("path", &self.path)
-            .field("offset", &self.off)
-            .field("len", &self.len)
+            .field("header", &self.cursor.header())
             .finish()
     }
 }
@@ -92,46 +84,35 @@ impl SegmentReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| SpillError::io("open", &path, e))?;
+        // The written length: a published file was trimmed to it.
         let len = file
             .metadata()
             .map_err(|e| SpillError::io("stat", &path, e))?
             .len();
         let mut file = BufReader::with_capacity(READ_BUFFER, file);
-        let mut head = [0u8; HEADER_LEN];
-        let got = read_full(&mut file, &mut head).map_err(|e| SpillError::io("read", &path, e))?;
-        if got < HEADER_LEN {
-            return Err(corrupt(
-                &path,
-                0,
-                got as u64,
-                "segment truncated inside its header",
-            ));
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        (&mut file)
+            .take(HEADER_LEN as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| SpillError::io("read", &path, e))?;
+        match SegmentCursor::open(&head, len, Expected::default(), &DECODE_POOL) {
+            Ok(cursor) => Ok(SegmentReader {
+                file,
+                path,
+                cursor,
+                failed: false,
+            }),
+            Err(d) => {
+                let seg = segment::parse_header(&head).map_or(0, |h| h.segment);
+                Err(d.error(path, seg))
+            }
         }
-        let header = segment::parse_header(&head).map_err(|d| corrupt(&path, 0, 0, d))?;
-        if header.key_id.is_some() {
-            return Err(corrupt(
-                &path,
-                header.segment,
-                0,
-                "segment is encrypted: its key lived only in the memory of the engine that wrote it",
-            ));
-        }
-        Ok(SegmentReader {
-            file,
-            path,
-            header,
-            off: HEADER_LEN as u64,
-            block: None,
-            counters: Counters::default(),
-            len,
-            failed: false,
-        })
     }
 
     /// The file's header: the segment number it had in the engine, the engine's id, the use
     /// of the file (its generation) and the format version.
     pub fn header(&self) -> SegmentHeader {
-        self.header
+        self.cursor.header()
     }
 
     /// The path it reads.
@@ -145,83 +126,45 @@ impl SegmentReader {
         if self.failed {
             return Ok(None);
         }
-        let r = self.read_frame();
+        let r = self.read_record();
         self.failed = r.is_err();
         r
     }
 
-    fn read_frame(&mut self) -> Result<Option<Bytes>> {
+    /// The next record of the block read last, or of the next block, read whole (header,
+    /// stored bytes, padding) into a buffer of its own and handed to the walk.
+    fn read_record(&mut self) -> Result<Option<Bytes>> {
+        let seg = self.cursor.header().segment;
+        let corrupt = |d: Damage| d.error(self.path.clone(), seg);
+        let read_err = |e| SpillError::io("read", &self.path, e);
         loop {
-            match CurBlock::next_of(&mut self.block) {
-                Ok(Some(rec)) => return Ok(Some(rec)),
-                Ok(None) => {}
-                Err(d) => return Err(corrupt(&self.path, self.header.segment, d.offset, d.detail)),
+            if let Some(rec) = self.cursor.record().map_err(corrupt)? {
+                return Ok(Some(rec));
             }
-            if !self.read_block()? {
+            let mut head = [0u8; BLOCK_HEADER_LEN];
+            let head = match self.file.read_exact(&mut head) {
+                Ok(()) => &head[..],
+                // Short: the walk says what that means here (the end, or a truncated file).
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => &[],
+                Err(e) => return Err(read_err(e)),
+            };
+            // Its length is checked against the file's before the buffer is allocated: a
+            // damaged length never asks for more memory than the file holds.
+            let Some(len) = self.cursor.next_len(head).map_err(corrupt)? else {
+                // The file may have grown since it was opened: a block past its length then
+                // is not read.
                 return Ok(None);
-            }
+            };
+            let mut block = Vec::with_capacity(len);
+            block.extend_from_slice(head);
+            (&mut self.file)
+                .take((len - BLOCK_HEADER_LEN) as u64)
+                .read_to_end(&mut block)
+                .map_err(read_err)?;
+            self.cursor
+                .push(Bytes::from(block), None, None)
+                .map_err(corrupt)?;
         }
-    }
-
-    /// Reads, checks and decodes the next block; `false` at the end of the file.
-    fn read_block(&mut self) -> Result<bool> {
-        let off = self.off;
-        let left = self.len.saturating_sub(off);
-        if left == 0 {
-            if let Some(b) = self.block.as_ref().filter(|b| b.assembling()) {
-                let at = b.offset;
-                let detail = "segment ends inside a chunked record";
-                return Err(corrupt(&self.path, self.header.segment, at, detail));
-            }
-            // The file may have grown since it was opened: a block past `len` is not read.
-            return Ok(false);
-        }
-        let bad = |detail| corrupt(&self.path, self.header.segment, off, detail);
-        let mut head = [0u8; BLOCK_HEADER_LEN];
-        let got = read_full(&mut self.file, &mut head)
-            .map_err(|e| SpillError::io("read", &self.path, e))?;
-        if got < BLOCK_HEADER_LEN {
-            return Err(bad(if left < BLOCK_HEADER_LEN as u64 {
-                "truncated block header"
-            } else {
-                "segment truncated inside a block header"
-            }));
-        }
-        let h = block::parse_block_header(&head).map_err(bad)?;
-        let body = left - BLOCK_HEADER_LEN as u64;
-        if h.stored > body {
-            // Checked before the buffer is allocated: a damaged length never asks for more
-            // memory than the file holds.
-            return Err(bad("block runs past the end of the segment"));
-        }
-        if u64::from(h.pad) > body - h.stored {
-            return Err(bad("block padding runs past the end of the segment"));
-        }
-        let mut stored = vec![0u8; h.stored as usize];
-        let got = read_full(&mut self.file, &mut stored)
-            .map_err(|e| SpillError::io("read", &self.path, e))?;
-        if got < stored.len() {
-            return Err(bad("segment truncated inside a block"));
-        }
-        let bind = Binding {
-            segment: self.header.segment,
-            generation: self.header.generation,
-            engine: self.header.engine,
-        };
-        block::check_parts(&head, &stored, bind, off).map_err(|d| bad(d.detail))?;
-        let mut pad = [0u8; 4096];
-        let pad = &mut pad[..h.pad as usize];
-        let got =
-            read_full(&mut self.file, pad).map_err(|e| SpillError::io("read", &self.path, e))?;
-        if got < pad.len() {
-            return Err(bad("segment truncated inside a block's padding"));
-        }
-        let cb = CurBlock::decode(h, Bytes::from(stored), off, &self.counters, None)
-            .and_then(|cb| cb.follow(self.block.take()))
-            .map_err(bad)?;
-        self.off = off + BLOCK_HEADER_LEN as u64 + h.stored + u64::from(h.pad);
-        self.block = Some(cb);
-        Ok(true)
     }
 }
 
@@ -232,27 +175,4 @@ impl Iterator for SegmentReader {
     fn next(&mut self) -> Option<Result<Bytes>> {
         self.next_record().transpose()
     }
-}
-
-fn corrupt(path: &Path, segment: u32, offset: u64, detail: &'static str) -> SpillError {
-    SpillError::Corrupt {
-        path: path.to_path_buf(),
-        segment,
-        offset,
-        detail,
-    }
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }

@@ -3,8 +3,7 @@
 //! A [`SpilledState`] is itself a grant, and so is every [`SpillReader`] made from it; clones
 //! are grants too. The files are deleted when the last grant is released, or when the task
 //! scope closes (then every reader sees `Aborted`). Either way the deletes are queued to an I/O
-//! thread, never run on the caller's. `close` is idempotent. The protocol is in
-//! [`crate::spill::grant`].
+//! thread, never run on the caller's. The protocol is in [`crate::spill::grant`].
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -26,7 +25,8 @@ use crate::store::entry::SegmentEntry;
 use crate::sys::fs;
 
 /// The spilled output of a finished writer: its segments, handed from stage to stage. A grant
-/// on the files (see the module docs). `Clone` takes another grant.
+/// on the files (see the module docs). `Clone` takes another grant (a clone of a state the
+/// scope closed is closed too).
 ///
 /// ```
 /// use spillring::{Bytes, Engine, EngineConfig};
@@ -58,7 +58,7 @@ use crate::sys::fs;
 /// state is aborted and its files deleted, even while grants are alive. To hand a state to a
 /// stage that outlives the producing task, the consuming task calls
 /// [`crate::TaskSpill::adopt`] before the producer's scope closes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SpilledState {
     grant: Grant,
 }
@@ -84,7 +84,7 @@ impl SpilledState {
         })
     }
 
-    fn inner(&self) -> &Arc<StateShared> {
+    pub(crate) fn inner(&self) -> &Arc<StateShared> {
         &self.grant.0
     }
 
@@ -92,6 +92,7 @@ impl SpilledState {
     /// scope already closed the state.
     pub fn reader(&self) -> Result<SpillReader> {
         self.inner()
+            .files
             .acquire()
             .map_err(|e| self.inner().refused_reader(e))?;
         Ok(SpillReader::new(Grant(self.inner().clone())))
@@ -104,11 +105,6 @@ impl SpilledState {
             return Err(self.inner().refused_reader(SpillError::Aborted));
         }
         Ok(SpillReader::new(self.grant))
-    }
-
-    /// Moves the state's registration to `to` (see [`crate::TaskSpill::adopt`]).
-    pub(crate) fn move_to(&self, to: Arc<TaskShared>) -> Result<()> {
-        self.inner().move_to(to)
     }
 
     /// Number of segment files.
@@ -506,14 +502,4 @@ fn forget_published(
         drop(e.release());
     }
     out
-}
-
-impl Clone for SpilledState {
-    /// Another grant on the same files. A clone of a state the scope closed is closed too.
-    fn clone(&self) -> Self {
-        self.inner().files.add();
-        SpilledState {
-            grant: Grant(self.inner().clone()),
-        }
-    }
 }

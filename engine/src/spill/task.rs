@@ -226,16 +226,8 @@ impl TaskShared {
 
     /// Registers `m`. On a closed scope, closes `m` at once and fails with `Aborted`.
     pub(crate) fn register(&self, m: Arc<dyn Member>) -> Result<u64> {
-        let mut r = self.registry.lock();
-        if r.closed {
-            drop(r);
-            m.close_by_scope();
-            return Err(SpillError::Aborted);
-        }
-        r.next += 1;
-        let id = r.next;
-        r.members.insert(id, m);
-        Ok(id)
+        // Ids start at 1: there is no member 0 to replace.
+        self.replace(0, m)
     }
 
     pub(crate) fn unregister(&self, id: u64) {
@@ -475,7 +467,7 @@ impl TaskSpill {
     /// the state is closed and its files deleted on the spot). Adopting a state twice into the
     /// same scope is a no-op.
     pub fn adopt(&self, state: &crate::SpilledState) -> Result<()> {
-        state.move_to(self.shared.clone())
+        state.inner().move_to(self.shared.clone())
     }
 
     /// True if closed by `cancel`.
