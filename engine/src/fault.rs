@@ -21,6 +21,7 @@
 //! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
 //! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
 //! | `BufferMap` | the buffer pool about to map a fresh staging buffer (for an async writer: on the offload pool) | the map fails: the write fails with an I/O error |
+//! | `CodecCompress` | a codec thread about to compress a staging buffer's block | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -77,10 +78,14 @@ pub enum FaultPoint {
     /// on the offload pool for an async writer, on its own thread for a blocking one.
     /// Pausing here shows where the map runs; `Fail` is a map that fails.
     BufferMap,
+    /// `codec::compress`: a thread of the codec pool (`io/compress.rs`) about to compress a
+    /// staging buffer's block, off its writer's thread. Pausing here holds the compression,
+    /// with its buffer queued in its writer's order.
+    CodecCompress,
 }
 
 /// Number of fault points.
-const POINTS: usize = 14;
+const POINTS: usize = 15;
 
 impl FaultPoint {
     /// Every fault point.
@@ -99,6 +104,7 @@ impl FaultPoint {
         FaultPoint::WriterReopen,
         FaultPoint::SweepUnlink,
         FaultPoint::BufferMap,
+        FaultPoint::CodecCompress,
     ];
 
     /// The point's name, as in `writer::create`.
@@ -118,6 +124,7 @@ impl FaultPoint {
             FaultPoint::WriterReopen => "writer::reopen",
             FaultPoint::SweepUnlink => "cleanup::sweep_unlink",
             FaultPoint::BufferMap => "buffer::map",
+            FaultPoint::CodecCompress => "codec::compress",
         }
     }
 

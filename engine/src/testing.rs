@@ -175,15 +175,19 @@ pub struct BufferStats {
     pub mapped: usize,
     /// The most ever mapped at once.
     pub peak: usize,
+    /// Bytes of buffers out of the pool now: held by writers, queued in their codec stages
+    /// (compressing or waiting to be written), or in flight.
+    pub held: usize,
 }
 
 /// The state of `engine`'s staging buffer budget.
 pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
-    let (budget, mapped, peak) = engine.buffer_pool().stats();
+    let (budget, mapped, peak, held) = engine.buffer_pool().stats();
     BufferStats {
         budget,
         mapped,
         peak,
+        held,
     }
 }
 

@@ -323,12 +323,14 @@ impl BufferPool {
         self.max_slots
     }
 
-    /// The budget, bytes mapped now and the most ever mapped at once.
-    pub(crate) fn stats(&self) -> (usize, usize, usize) {
+    /// The budget, bytes mapped now, the most ever mapped at once, and bytes of buffers out
+    /// of the pool now.
+    pub(crate) fn stats(&self) -> (usize, usize, usize, usize) {
         (
             self.budget,
             self.mapped.load(Ordering::Relaxed),
             self.peak.load(Ordering::Relaxed),
+            self.out.load(Ordering::Relaxed),
         )
     }
 

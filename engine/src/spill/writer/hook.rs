@@ -14,8 +14,9 @@ use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::stage::Queued;
 use crate::cleanup::delete_segments;
-use crate::io::{OpSink, OpSlot};
+use crate::io::{Compress, CompressSink, OpSink, OpSlot};
 use crate::shared::EngineShared;
 use crate::spill::task::Member;
 use crate::store::entry::SegmentEntry;
@@ -215,13 +216,15 @@ impl WriterShared {
         let core = w.core.clone();
         // With nothing in flight the tracker is reset and kept: an I/O thread may still hold
         // it for a moment, only to drop it (a completion's last steps, `notify_all` and the
-        // waker it took, touch no state the reset clears). With writes still in flight (a
-        // writer dropped mid-write) they will complete into it: the spare gets a new one.
+        // waker it took, touch no state the reset clears). With writes or compressions still
+        // in flight (a writer dropped mid-write) they will complete into it: the spare gets a
+        // new one. Its codec stage is empty (written, or given up) and keeps its slots.
         let tracker = {
             let mut st = w.tracker.st.lock();
-            if st.inflight == 0 {
+            if st.inflight == 0 && st.compressing == 0 {
                 st.error = None;
                 st.waker = None;
+                st.closed = false;
                 None
             } else {
                 Some(Arc::default())
@@ -241,6 +244,32 @@ impl WriterShared {
 impl OpSink for Tracker {
     fn complete(&self, token: u64, res: io::Result<usize>) {
         self.op_done(token, res);
+    }
+}
+
+impl CompressSink for Tracker {
+    /// A buffer of the writer's codec stage comes back from the codec pool: into its slot, to
+    /// be written in order (the writer is woken), or dropped (back to the buffer pool) if the
+    /// writer gave its stage up.
+    fn compressed(&self, job: Compress) {
+        let (waker, dropped) = {
+            let mut s = self.st.lock();
+            let s = &mut *s;
+            s.compressing -= 1;
+            let n = s.stage.len().max(1);
+            match s.stage.get_mut(job.seq as usize % n) {
+                Some(Some(q)) if !s.closed => {
+                    q.done = Some(job);
+                    (s.waker.take(), None)
+                }
+                _ => (None, Some(job)),
+            }
+        };
+        drop(dropped);
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 }
 
@@ -285,7 +314,8 @@ impl Member for WriterShared {
     }
 }
 
-/// In-flight write accounting: completions arrive here from an I/O thread.
+/// In-flight write accounting: completions arrive here from an I/O thread, and compressed
+/// buffers of the writer's codec stage (`stage.rs`) from the codec pool.
 #[derive(Default)]
 pub(super) struct Tracker {
     pub(super) st: Mutex<TrackState>,
@@ -301,6 +331,14 @@ pub(super) struct TrackState {
     /// First failure: the segment it hit and the OS error.
     pub(super) error: Option<(u32, io::Error)>,
     pub(super) waker: Option<Waker>,
+    /// Compressions handed to the codec pool and not back yet.
+    pub(super) compressing: usize,
+    /// The codec stage's buffers, by their number modulo `queue_depth` (the slots, made at
+    /// the first use, are kept with the tracker).
+    pub(super) stage: Vec<Option<Queued>>,
+    /// The writer gave its stage up (failed, cancelled, dropped): compressions coming back
+    /// drop their buffers.
+    pub(super) closed: bool,
 }
 
 impl Tracker {

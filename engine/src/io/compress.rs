@@ -1,0 +1,217 @@
+//! The codec pool: a few engine threads that compress staging buffers' blocks off the
+//! producer's thread, in parallel with it, as the I/O threads copy and checksum a large
+//! record's parts (`fills.rs`). A job is a buffer and where its block's records start; the
+//! pool compresses them in place and hands the buffer back to the job's [`CompressSink`] (the
+//! writer that queued it, which seals and writes its buffers in order: a block's seal binds
+//! its file offset, known only once the buffers before it are compressed).
+//!
+//! Its threads start on first use (an engine that never compresses never has them). Jobs go
+//! through a [`Handoff`], whose push never sleeps: an async writer hands a job over in its
+//! poll. A job moves by value through the queue's preallocated array and keeps nothing of its
+//! own (the compressors' tables and scratch are per thread: `format/block.rs`): no allocation
+//! per job. A job that cannot be handed over (no thread could start; the pool was shut down)
+//! runs on the caller's thread.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::IoBuf;
+use super::handoff::Handoff;
+use crate::fault::{FaultPlan, fault_point};
+use crate::format::block::{self, Codec};
+
+/// Threads of the pool at most: one per CPU up to this. Each compresses one block at a time;
+/// a writer keeps up to `queue_depth` blocks queued, so several writers (or one writer's
+/// several blocks) compress in parallel.
+const MAX_THREADS: usize = 4;
+
+/// A buffer whose block's records, `buf[from..buf.len]`, are to be compressed with `codec`.
+pub(crate) struct Compress {
+    pub(crate) buf: IoBuf,
+    pub(crate) from: usize,
+    /// The codec asked for; `Raw` once run if it did not shrink the records (then left as
+    /// they were).
+    pub(crate) codec: Codec,
+    /// Nanoseconds the compression took, once run.
+    pub(crate) nanos: u64,
+    /// The queuing writer's number for the buffer: its place in the writer's order.
+    pub(crate) seq: u64,
+}
+
+impl Compress {
+    /// Compresses the records in place (through the thread's scratch buffer), on this thread.
+    fn run(&mut self, fault: &Option<Arc<FaultPlan>>) {
+        // Pausing here holds a compression where it runs (tests of the windows it opens).
+        fault_point!(CodecCompress, fault);
+        let t = Instant::now();
+        let end = self.buf.len;
+        match block::compress_in_place(self.codec, &mut self.buf.space()[self.from..end]) {
+            Some(n) => self.buf.len = self.from + n,
+            None => self.codec = Codec::Raw,
+        }
+        self.nanos = t.elapsed().as_nanos() as u64;
+    }
+}
+
+/// Where a compressed buffer goes: the writer that queued it.
+pub(crate) trait CompressSink: Send + Sync {
+    fn compressed(&self, job: Compress);
+}
+
+/// A job in the pool's queue. One dropped without running (left in the queue as it closed)
+/// hands its buffer back uncompressed: its writer stores the block raw, and never waits for
+/// it in vain.
+struct Job {
+    job: Option<Compress>,
+    sink: Arc<dyn CompressSink>,
+    /// The pool's count of jobs not yet ended, counted down when this one drops.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Job {
+    fn run(mut self, fault: &Option<Arc<FaultPlan>>) {
+        if let Some(mut job) = self.job.take() {
+            job.run(fault);
+            self.sink.compressed(job);
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(mut job) = self.job.take() {
+            job.codec = Codec::Raw;
+            self.sink.compressed(job);
+        }
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The pool. Its threads leave when it is shut down or dropped (the queue closes; they run
+/// what is queued first).
+pub(crate) struct CompressPool {
+    q: OnceLock<Arc<Handoff<Job>>>,
+    /// The threads, joined at shutdown; the lock also serialises their start.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Jobs handed to the pool (or running on their caller's thread) and not yet ended.
+    busy: Arc<AtomicUsize>,
+    fault: Option<Arc<FaultPlan>>,
+}
+
+impl std::fmt::Debug for CompressPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompressPool")
+            .field("started", &self.q.get().is_some())
+            .finish()
+    }
+}
+
+impl Drop for CompressPool {
+    fn drop(&mut self) {
+        if let Some(q) = self.q.get() {
+            q.close();
+            q.wake_all();
+        }
+    }
+}
+
+impl CompressPool {
+    pub(crate) fn new(fault: Option<Arc<FaultPlan>>) -> Self {
+        CompressPool {
+            q: OnceLock::new(),
+            threads: Mutex::new(Vec::new()),
+            busy: Arc::default(),
+            fault,
+        }
+    }
+
+    /// Compresses `job` on a pool thread, then hands it to `sink`; on this thread if no pool
+    /// thread takes it (none could start, or the pool was shut down).
+    pub(crate) fn compress(&self, job: Compress, sink: Arc<dyn CompressSink>) {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        let job = Job {
+            job: Some(job),
+            sink,
+            busy: self.busy.clone(),
+        };
+        let job = match self.queue() {
+            Some(q) => match q.push(job, None) {
+                Ok(()) => return,
+                Err(job) => job,
+            },
+            None => job,
+        };
+        job.run(&self.fault);
+    }
+
+    /// Jobs handed to the pool and not yet ended.
+    pub(crate) fn busy(&self) -> usize {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    /// Closes the queue (a job handed over from now on runs on its caller's thread) and, if
+    /// the threads ran what was queued by `deadline`, joins them.
+    pub(crate) fn shutdown(&self, deadline: Instant) {
+        let Some(q) = self.q.get() else { return };
+        q.close();
+        q.wake_all();
+        while self.busy() > 0 {
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            if t.join().is_err() {
+                tracing::error!("spillring codec thread panicked");
+            }
+        }
+    }
+
+    /// The queue, its threads started on the first call; `None` if none could start (logged).
+    fn queue(&self) -> Option<&Arc<Handoff<Job>>> {
+        if let Some(q) = self.q.get() {
+            return Some(q);
+        }
+        let mut threads = self.threads.lock();
+        if let Some(q) = self.q.get() {
+            return Some(q);
+        }
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
+        let q = Arc::new(Handoff::<Job>::new(n, None));
+        for i in 0..n {
+            let (q2, fault) = (q.clone(), self.fault.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("spillring-codec-{i}"))
+                .spawn(move || codec_loop(&q2, i, &fault));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "starting a codec thread failed");
+                    if i == 0 {
+                        q.close();
+                        return None;
+                    }
+                    // The threads that started serve the queue; the missing ones never will.
+                    for _ in i..n {
+                        q.leave();
+                    }
+                    break;
+                }
+            }
+        }
+        Some(self.q.get_or_init(|| q))
+    }
+}
+
+fn codec_loop(q: &Handoff<Job>, me: usize, fault: &Option<Arc<FaultPlan>>) {
+    while let Some(job) = q.recv(me) {
+        // A panicking job (a panicking waker) must not take the pool thread with it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(fault)));
+    }
+    q.leave();
+}
