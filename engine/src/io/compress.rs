@@ -12,15 +12,14 @@
 //! per job. A job that cannot be handed over (no thread could start; the pool was shut down)
 //! runs on the caller's thread.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::IoBuf;
-use super::handoff::Handoff;
+use super::handoff::{Handoff, spawn_consumers, stop_consumers};
 use crate::fault::{FaultPlan, fault_point};
 use crate::format::block::{self, Codec};
 
@@ -68,8 +67,6 @@ pub(crate) trait CompressSink: Send + Sync {
 struct Job {
     job: Option<Compress>,
     sink: Arc<dyn CompressSink>,
-    /// The pool's count of jobs not yet ended, counted down when this one drops.
-    busy: Arc<AtomicUsize>,
 }
 
 impl Job {
@@ -87,7 +84,6 @@ impl Drop for Job {
             job.codec = Codec::Raw;
             self.sink.compressed(job);
         }
-        self.busy.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -97,8 +93,6 @@ pub(crate) struct CompressPool {
     q: OnceLock<Arc<Handoff<Job>>>,
     /// The threads, joined at shutdown; the lock also serialises their start.
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Jobs handed to the pool (or running on their caller's thread) and not yet ended.
-    busy: Arc<AtomicUsize>,
     fault: Option<Arc<FaultPlan>>,
 }
 
@@ -124,7 +118,6 @@ impl CompressPool {
         CompressPool {
             q: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
-            busy: Arc::default(),
             fault,
         }
     }
@@ -132,11 +125,9 @@ impl CompressPool {
     /// Compresses `job` on a pool thread, then hands it to `sink`; on this thread if no pool
     /// thread takes it (none could start, or the pool was shut down).
     pub(crate) fn compress(&self, job: Compress, sink: Arc<dyn CompressSink>) {
-        self.busy.fetch_add(1, Ordering::SeqCst);
         let job = Job {
             job: Some(job),
             sink,
-            busy: self.busy.clone(),
         };
         let job = match self.queue() {
             Some(q) => match q.push(job, None) {
@@ -148,31 +139,16 @@ impl CompressPool {
         job.run(&self.fault);
     }
 
-    /// Jobs handed to the pool and not yet ended.
-    pub(crate) fn busy(&self) -> usize {
-        self.busy.load(Ordering::SeqCst)
-    }
-
-    /// Closes the queue (a job handed over from now on runs on its caller's thread) and, if
-    /// the threads ran what was queued by `deadline`, joins them.
+    /// Closes the queue (a job handed over from now on runs on its caller's thread) and joins
+    /// the threads, which leave once they ran what was queued, waiting for them until
+    /// `deadline`: a thread still compressing then is left to end on its own.
     pub(crate) fn shutdown(&self, deadline: Instant) {
-        let Some(q) = self.q.get() else { return };
-        q.close();
-        q.wake_all();
-        while self.busy() > 0 {
-            if Instant::now() >= deadline {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            if t.join().is_err() {
-                tracing::error!("spillring codec thread panicked");
-            }
+        if let Some(q) = self.q.get() {
+            stop_consumers(q, std::mem::take(&mut *self.threads.lock()), deadline);
         }
     }
 
-    /// The queue, its threads started on the first call; `None` if none could start (logged).
+    /// The queue, its threads started on the first call; `None` if none could start.
     fn queue(&self) -> Option<&Arc<Handoff<Job>>> {
         if let Some(q) = self.q.get() {
             return Some(q);
@@ -183,35 +159,14 @@ impl CompressPool {
         }
         let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
         let q = Arc::new(Handoff::<Job>::new(n, None));
-        for i in 0..n {
-            let (q2, fault) = (q.clone(), self.fault.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("spillring-codec-{i}"))
-                .spawn(move || codec_loop(&q2, i, &fault));
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    tracing::warn!(error = %e, "starting a codec thread failed");
-                    if i == 0 {
-                        q.close();
-                        return None;
-                    }
-                    // The threads that started serve the queue; the missing ones never will.
-                    for _ in i..n {
-                        q.leave();
-                    }
-                    break;
-                }
+        let fault = self.fault.clone();
+        match spawn_consumers(&q, "spillring-codec", move |job: Job| job.run(&fault)) {
+            Ok(t) => *threads = t,
+            Err(e) => {
+                tracing::warn!(error = %e, "starting a codec thread failed; compressing inline");
+                return None;
             }
         }
         Some(self.q.get_or_init(|| q))
     }
-}
-
-fn codec_loop(q: &Handoff<Job>, me: usize, fault: &Option<Arc<FaultPlan>>) {
-    while let Some(job) = q.recv(me) {
-        // A panicking job (a panicking waker) must not take the pool thread with it.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(fault)));
-    }
-    q.leave();
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::codec::CodecState;
-use crate::config::{Compression, DIRECT_ALIGN};
+use crate::config::Compression;
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockSeal, Codec, LARGE_PREFIX_LEN};
 use crate::format::segment::FRAME_LEN;
 use crate::io::{IoBuf, OpenBlock};
@@ -311,11 +311,7 @@ pub(super) fn seal_closed(
     }
     let body = c.body();
     let stored_len = buf.len - body;
-    let padn = if pad {
-        buf.len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity()) - buf.len
-    } else {
-        0
-    };
+    let padn = buf.write_len(pad) - buf.len;
     let end = buf.len;
     let header = seal_in_place(
         core,

@@ -255,7 +255,7 @@ pub(super) struct CodecState {
     pub(super) waited_ns: u64,
     /// Waiting for compressions (the codec stage's head) since the last block.
     pub(super) stalled_ns: u64,
-    /// The bytes the device had written for this writer when `poll_inflight_below` last
+    /// The bytes the device had written for this writer when `poll_until` last
     /// looked, and at the last block: their difference over a window is what the device did
     /// in it.
     pub(super) completed: u64,

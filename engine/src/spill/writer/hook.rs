@@ -466,6 +466,69 @@ mod tests {
         );
     }
 
+    /// A compression comes back into its slot (number modulo the slots) and wakes the writer;
+    /// into a closed stage, or a slot not waiting for it, its buffer goes back to the pool.
+    #[test]
+    fn the_tracker_takes_compressions_back_into_their_slots_until_closed() {
+        use crate::format::block::Codec;
+        use crate::io::BufferPool;
+        let pool = BufferPool::new(4096, 0, 4, 1 << 20);
+        let held = || pool.stats().3;
+        let job = |seq| Compress {
+            buf: pool.try_get(0).unwrap(),
+            from: 0,
+            codec: Codec::Lz4,
+            nanos: 7,
+            seq,
+        };
+        let waiting = || Queued {
+            block: None,
+            pad: false,
+            last: false,
+            bound: 0,
+            done: None,
+        };
+        let t = Tracker::default();
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        {
+            let mut s = t.st.lock();
+            s.stage.resize_with(2, || None);
+            s.stage[1] = Some(waiting());
+            s.compressing = 3;
+            s.waker = Some(Waker::from(woken.clone()));
+        }
+        t.compressed(job(5));
+        {
+            let s = t.st.lock();
+            assert_eq!(s.compressing, 2);
+            let back = s.stage[1].as_ref().and_then(|q| q.done.as_ref());
+            assert_eq!(
+                back.map(|d| (d.seq, d.nanos)),
+                Some((5, 7)),
+                "in slot 5 % 2"
+            );
+            assert!(s.stage[0].is_none());
+            assert!(s.waker.is_none(), "the waker is taken");
+        }
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "the writer is woken");
+        assert_eq!(held(), 4096, "the buffer waits in its slot");
+        t.compressed(job(4));
+        assert_eq!(t.st.lock().compressing, 1);
+        assert_eq!(
+            held(),
+            4096,
+            "slot 0 waits for nothing: its buffer is dropped"
+        );
+        t.st.lock().closed = true;
+        t.st.lock().stage[0] = Some(waiting());
+        t.compressed(job(2));
+        let s = t.st.lock();
+        assert_eq!(s.compressing, 0);
+        assert!(s.stage[0].as_ref().is_some_and(|q| q.done.is_none()));
+        assert_eq!(held(), 4096, "a closed stage drops what comes back");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+    }
+
     /// `wait_idle` returns at once with nothing in flight, waits for the last completion,
     /// and gives up at its deadline (false) while writes are still in flight.
     #[test]

@@ -57,8 +57,8 @@ enum Stage {
     Vectored { prefix: [u8; LARGE_PREFIX_LEN] },
     /// A block of its own, placed (its bytes staged, or its write submitted): counted next.
     Placed,
-    /// Compressed in chunks, each a block of its own sealed as a buffer is (`Blocks::seal`):
-    /// `done` bytes of frame + record placed.
+    /// Compressed in chunks, each a block of its own, compressed and sealed as a buffer's
+    /// block is (the codec stage, `stage.rs`): `done` bytes of frame + record placed.
     Chunks { done: usize },
 }
 

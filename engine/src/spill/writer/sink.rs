@@ -212,8 +212,9 @@ impl SpillWriter {
         Poll::Ready(Ok(()))
     }
 
-    /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
-    /// zero-fills it to the alignment.
+    /// Submits the staging buffer as one write (with a codec: queues it in the codec stage,
+    /// `stage.rs`). `pad` (direct mode, last write of a segment) zero-fills it to the
+    /// alignment.
     pub(super) fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
         self.flush_staging_with(wait, pad, false, false)
     }
@@ -254,12 +255,7 @@ impl SpillWriter {
         }
         // The write's end (padded in direct mode) must be allocated first.
         if let (Some(b), Some(seg)) = (self.blocks.staging.as_ref(), self.seg.as_ref()) {
-            let len = if pad {
-                b.len.next_multiple_of(DIRECT_ALIGN).min(b.capacity())
-            } else {
-                b.len
-            };
-            let end = seg.written + len as u64;
+            let end = seg.written + b.write_len(pad) as u64;
             ready_ok!(self.poll_allocated(end, sealing, wait));
         }
         let file = ready_ok!(self.poll_file(wait));
@@ -292,7 +288,7 @@ impl SpillWriter {
         };
         let len = buf.len;
         if pad_end {
-            let aligned = len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity());
+            let aligned = buf.write_len(true);
             buf.space()[len..aligned].fill(0);
             buf.len = aligned;
         }

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use super::block::{Closed, seal_closed};
 use super::{SpillWriter, Wait};
-use crate::config::{Compression, DIRECT_ALIGN};
+use crate::config::Compression;
 use crate::error::{Result, SpillError};
 use crate::format::block::Codec;
 use crate::io::Compress;
@@ -36,13 +36,13 @@ use crate::io::Compress;
 pub(super) struct Queued {
     /// The block closed in it, sealed when it is written (none: a buffer of a segment header
     /// or a large record's tail alone).
-    block: Option<Closed>,
+    pub(super) block: Option<Closed>,
     /// Padded to `DIRECT_ALIGN` when written.
-    pad: bool,
+    pub(super) pad: bool,
     /// The segment's last write.
-    last: bool,
+    pub(super) last: bool,
     /// The most it can take in the file: its raw length, padded.
-    bound: u64,
+    pub(super) bound: u64,
     /// The buffer, once its compression is done (at once when none is to be done).
     pub(super) done: Option<Compress>,
 }
@@ -95,11 +95,7 @@ impl SpillWriter {
         let Some(buf) = self.blocks.staging.take() else {
             return;
         };
-        let bound = if pad {
-            buf.len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity())
-        } else {
-            buf.len
-        } as u64;
+        let bound = buf.write_len(pad) as u64;
         let seq = self.stage.next;
         self.stage.next += 1;
         self.stage.bound += bound;
@@ -154,15 +150,7 @@ impl SpillWriter {
                 let s = self.ctx.shared.tracker.st.lock();
                 s.stage[slot].as_ref().and_then(|q| {
                     let d = q.done.as_ref()?;
-                    let len = if q.pad {
-                        d.buf
-                            .len
-                            .next_multiple_of(DIRECT_ALIGN)
-                            .min(d.buf.capacity())
-                    } else {
-                        d.buf.len
-                    };
-                    Some((len as u64, q.last))
+                    Some((d.buf.write_len(q.pad) as u64, q.last))
                 })
             };
             let (Some((len, last)), Some(seg)) = (peek, self.seg.as_ref()) else {
