@@ -170,3 +170,71 @@ impl CompressPool {
         Some(self.q.get_or_init(|| q))
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::io::BufferPool;
+    use std::thread::ThreadId;
+
+    /// Where each compression came back: its codec, length and thread.
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<(Codec, usize, ThreadId)>>);
+
+    impl CompressSink for Sink {
+        fn compressed(&self, job: Compress) {
+            let me = std::thread::current().id();
+            self.0.lock().push((job.codec, job.buf.len, me));
+        }
+    }
+
+    const ROW: &[u8] = b"lineitem|1996-03-13|DELIVER IN PERSON|TRUCK|";
+
+    fn job(pool: &Arc<BufferPool>, seq: u64) -> Compress {
+        let mut buf = pool.try_get(0).unwrap();
+        buf.push(&ROW.repeat(90));
+        Compress {
+            buf,
+            from: 0,
+            codec: Codec::Lz4,
+            nanos: 0,
+            seq,
+        }
+    }
+
+    /// A job compresses on a codec thread; after the pool's shutdown (its threads joined), one
+    /// runs on its caller's thread; a job dropped from the queue unrun comes back raw, whole.
+    #[test]
+    fn jobs_compress_on_the_pool_then_on_the_caller_after_shutdown_and_unrun_ones_come_back_raw() {
+        let pool = BufferPool::new(4096, 0, 4, 1 << 20);
+        let codec = CompressPool::new(None);
+        let sink = Arc::new(Sink::default());
+        let me = std::thread::current().id();
+        codec.compress(job(&pool, 0), sink.clone());
+        let t0 = Instant::now();
+        while sink.0.lock().is_empty() {
+            assert!(t0.elapsed().as_secs() < 20, "the pool compressed it");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        codec.shutdown(Instant::now() + std::time::Duration::from_secs(20));
+        assert!(codec.threads.lock().is_empty(), "joined");
+        codec.compress(job(&pool, 1), sink.clone());
+        let unrun = Job {
+            job: Some(job(&pool, 2)),
+            sink: sink.clone(),
+        };
+        drop(unrun);
+        let got = sink.0.lock();
+        assert_eq!(got.len(), 3);
+        let raw = ROW.len() * 90;
+        assert!(
+            got[0].0 == Codec::Lz4 && got[0].1 < raw && got[0].2 != me,
+            "on the pool"
+        );
+        assert!(
+            got[1].0 == Codec::Lz4 && got[1].1 < raw && got[1].2 == me,
+            "inline"
+        );
+        assert_eq!((got[2].0, got[2].1), (Codec::Raw, raw), "unrun: raw, whole");
+    }
+}
