@@ -15,10 +15,17 @@
 #   quota    (issue 26) lineitem rows with `Auto` under a quota (max_spill_bytes) of half
 #            their logical bytes, on the fast disk, --pairs runs: does the spill fit, and in
 #            how much of its logical size.
+#   mixed    (issue 27, point 2) two devices of different speeds (--mbps and --slow-mbps,
+#            default 25): per pair, fio on each device alone (their bandwidths, summed), then
+#            one engine over both, 4 writers, 2 x --gib-per-device of 1 MiB random records,
+#            direct mode; and, with --baseline-exe (a devices bench built at another commit),
+#            that engine too, the order alternating. Figures: engine MB/s over the sum of the
+#            two devices' fio MB/s, and engine / baseline per pair.
 #
-# Usage: scripts/devices-bench.sh [--section devices|codec|quota|all] [--pairs N (>= 5)]
-#                                 [--mbps M] [--codec-mbps M] [--gib-per-device G]
-#                                 [--counts "1 2 4"] [--quick] [--out DIR]
+# Usage: scripts/devices-bench.sh [--section devices|codec|quota|mixed|all] [--pairs N (>= 5)]
+#                                 [--mbps M] [--slow-mbps M] [--codec-mbps M]
+#                                 [--gib-per-device G] [--counts "1 2 4"] [--quick]
+#                                 [--baseline-exe PATH] [--out DIR]
 #   --quick: 3 pairs of 256 MiB per device (a smoke run; its medians are not a report).
 # Writes DIR/devices.json and DIR/DEVICES.md (DIR defaults to results/). Needs root (the rig);
 # installs fio with apt-get when it is missing. Takes about 12 minutes with the defaults.
@@ -33,6 +40,8 @@ mbps=100
 codec_mbps=200
 gib=1
 counts="1 2 4"
+slow_mbps=25
+baseline_exe=
 out="$repo/results"
 quick=0
 while [[ $# -gt 0 ]]; do
@@ -41,11 +50,13 @@ while [[ $# -gt 0 ]]; do
         --pairs) pairs=$2; shift 2 ;;
         --mbps) mbps=$2; shift 2 ;;
         --codec-mbps) codec_mbps=$2; shift 2 ;;
+        --slow-mbps) slow_mbps=$2; shift 2 ;;
+        --baseline-exe) baseline_exe=$2; shift 2 ;;
         --gib-per-device) gib=$2; shift 2 ;;
         --counts) counts=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --quick) quick=1; pairs=3; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "devices-bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -53,7 +64,7 @@ if (( pairs < 5 && quick == 0 )); then
     echo "devices-bench.sh: need at least 5 pairs for a median (got $pairs)" >&2
     exit 2
 fi
-case "$section" in devices|codec|quota|all) ;; *) echo "devices-bench.sh: --section devices, codec or all" >&2; exit 2 ;; esac
+case "$section" in devices|codec|quota|mixed|all) ;; *) echo "devices-bench.sh: --section devices, codec, quota, mixed or all" >&2; exit 2 ;; esac
 bytes_per_dev=$(( gib << 30 ))
 (( quick )) && bytes_per_dev=$(( 256 << 20 ))
 
@@ -75,15 +86,16 @@ trap '"$slow" down; rm -rf "$log"' EXIT
 max_n=1
 for n in $counts; do (( n > max_n )) && max_n=$n; done
 
-# fio over the first N mounts, one job per device; prints one JSON line.
+# fio over the first N mounts (or over mount FIRST alone), one job per device, SIZE bytes each
+# (default: --gib-per-device); prints one JSON line.
 run_fio() {
-    local n=$1 args=() i
+    local n=$1 first=${2:-0} size=${3:-$bytes_per_dev} args=() i
     mapfile -t mounts < <("$slow" mounts)
-    for (( i = 0; i < n; i++ )); do
+    for (( i = first; i < first + n; i++ )); do
         args+=(--name="dev$i" --filename="${mounts[$i]}/fio.bin")
     done
     "$slow" run fio --ioengine=io_uring --rw=write --bs=1M --iodepth=8 --direct=1 \
-        --fixedbufs=1 --registerfiles=1 --size="$bytes_per_dev" --unlink=1 --group_reporting \
+        --fixedbufs=1 --registerfiles=1 --size="$size" --unlink=1 --group_reporting \
         --output-format=json "${args[@]}" | python3 -c '
 import json, sys
 t = sys.stdin.read()
@@ -94,9 +106,10 @@ print(json.dumps({"impl": "fio", "mb_s": w["bw_bytes"] / 1e6, "bytes": w["io_byt
 }
 
 # The engine over the first N mounts (or the given roots); extra env as NAME=VALUE arguments.
+# ENGINE_EXE (default: this tree's bench) is the binary.
 run_engine() {
     local roots=$1 throttled=$2; shift 2
-    local cmd=(env SPILLRING_DEV_ROOTS="$roots" "$@" "$exe")
+    local cmd=(env SPILLRING_DEV_ROOTS="$roots" "$@" "${ENGINE_EXE:-$exe}")
     if (( throttled )); then "$slow" run "${cmd[@]}"; else "${cmd[@]}"; fi | tail -1
 }
 
@@ -167,8 +180,34 @@ if [[ $section == quota || $section == all ]]; then
     rm -rf "$qroot"
 fi
 
+if [[ $section == mixed || $section == all ]]; then
+    "$slow" up --devices 2 --mbps "$mbps,$slow_mbps" --size-gib $(( gib * 2 + 1 )) >/dev/null
+    roots=$(roots_of 2)
+    sides="engine"
+    [[ -n $baseline_exe ]] && sides="engine baseline"
+    for (( p = 0; p < pairs; p++ )); do
+        # Each device's bandwidth alone, as fio gets it (a quarter of a run's bytes each).
+        for d in 0 1; do
+            j=$(run_fio 1 "$d" $(( bytes_per_dev / 4 )))
+            record mixed 2 "$p" "fio$d" "$j"
+        done
+        order=$sides
+        (( p % 2 == 1 )) && order=$(echo "$sides" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for side in $order; do
+            e=$exe
+            [[ $side == baseline ]] && e=$baseline_exe
+            j=$(ENGINE_EXE=$e run_engine "$roots" 1 SPILLRING_DEV_BYTES=$(( bytes_per_dev * 2 )) \
+                SPILLRING_DEV_WRITERS=4)
+            record mixed 2 "$p" "$side" "$j"
+            echo "mixed: pair $((p + 1)) $side $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(round(d["logical_mb_s"], 1), "MB/s, files per root", d["files_per_root"])' "$j")" >&2
+        done
+    done
+    "$slow" down
+fi
+
 mkdir -p "$out"
 python3 "$here/devices_report.py" "$log/runs.jsonl" "$out" \
     --command "scripts/devices-bench.sh $given" --mbps "$mbps" --codec-mbps "$codec_mbps" \
+    --slow-mbps "$slow_mbps" \
     --bytes-per-device "$bytes_per_dev" --commit "$commit" \
     --fio "$(fio --version)"

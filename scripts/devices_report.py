@@ -50,12 +50,15 @@ def main():
     ap.add_argument("--fio", required=True)
     ap.add_argument("--mbps", type=int, required=True)
     ap.add_argument("--codec-mbps", type=int, required=True)
+    ap.add_argument("--slow-mbps", type=int, default=25)
     ap.add_argument("--bytes-per-device", type=int, required=True)
     a = ap.parse_args()
     new = [json.loads(l) for l in open(a.runs) if l.strip()]
     for r in new:
         r.update(command=a.command, commit=a.commit, bytes_per_device=a.bytes_per_device,
-                 limit_mbps=a.mbps if r["section"] == "devices" else a.codec_mbps)
+                 limit_mbps=a.mbps if r["section"] in ("devices", "mixed") else a.codec_mbps)
+        if r["section"] == "mixed":
+            r["slow_limit_mbps"] = a.slow_mbps
     # Sections this run did not measure keep their runs from the report already there (each
     # run names the command and commit that made it).
     fresh = {r["section"] for r in new}
@@ -168,6 +171,36 @@ def main():
                + f" | <= 0.4 | {row['mb_s']['median'] or 0:.1f} |", ""]
         if row["errors"]:
             md += ["Errors: " + "; ".join(sorted(set(row["errors"]))), ""]
+
+    mixed = {side: pairs("mixed", 2, side) for side in ("fio0", "fio1", "engine", "baseline")}
+    if mixed["engine"]:
+        m = first("mixed")
+        both = sorted(set(mixed["fio0"]) & set(mixed["fio1"]) & set(mixed["engine"]))
+        bw = {p: mixed["fio0"][p]["mb_s"] + mixed["fio1"][p]["mb_s"] for p in both}
+        row = {"fio_sum_mb_s": spread([bw[p] for p in both]),
+               "engine_mb_s": spread([mixed["engine"][p]["logical_mb_s"] for p in both]),
+               "engine_over_sum": spread([mixed["engine"][p]["logical_mb_s"] / bw[p] for p in both]),
+               "engine_files_per_root": [mixed["engine"][p]["files_per_root"] for p in both]}
+        base = sorted(set(both) & set(mixed["baseline"]))
+        if base:
+            row["baseline_mb_s"] = spread([mixed["baseline"][p]["logical_mb_s"] for p in base])
+            row["baseline_over_sum"] = spread([mixed["baseline"][p]["logical_mb_s"] / bw[p] for p in base])
+            row["baseline_files_per_root"] = [mixed["baseline"][p]["files_per_root"] for p in base]
+            row["engine_over_baseline"] = spread(
+                [mixed["engine"][p]["logical_mb_s"] / mixed["baseline"][p]["logical_mb_s"] for p in base])
+        doc["mixed"] = row
+        mid = lambda xs: xs[len(xs) // 2] if xs else "-"
+        md += ["## A fast and a slow device (issue 27, point 2)", "",
+               f"Two devices limited to {m['limit_mbps']} and {m.get('slow_limit_mbps', '?')} MB/s. Per pair: fio",
+               "(io_uring, 1 MiB writes, iodepth 8, direct) on each device alone, their MB/s summed; then one",
+               f"engine over both, 4 writers, {2 * m['bytes_per_device'] >> 20} MiB of 1 MiB random records, direct mode;",
+               "the baseline is the same bench built at another commit (`--baseline-exe`), interleaved.", "",
+               "| engine | MB/s | / sum of the devices | files per root (median pair) |", "|---|---|---|---|",
+               f"| this commit | {row['engine_mb_s']['median']:.1f} | {fmt(row['engine_over_sum'])} | {mid(row['engine_files_per_root'])} |"]
+        if base:
+            md.append(f"| baseline | {row['baseline_mb_s']['median']:.1f} | {fmt(row['baseline_over_sum'])} | {mid(row['baseline_files_per_root'])} |")
+            md += ["", f"This commit / baseline, per pair: {fmt(row['engine_over_baseline'])}."]
+        md += ["", f"Sum of the devices (fio): {row['fio_sum_mb_s']['median']:.1f} MB/s.", ""]
 
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "devices.json"), "w") as f:

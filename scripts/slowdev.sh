@@ -9,8 +9,10 @@
 # Usage:
 #   scripts/slowdev.sh up [--devices N] [--mbps M] [--size-gib G] [--dir DIR]
 #       sets up N devices (default 1) of G GiB (default 4) limited to M MB/s (default 200,
-#       decimal, as dd and fio print) and prints their mount points, one per line. Running
-#       `up` again first tears the old rig down.
+#       decimal, as dd and fio print) and prints their mount points, one per line. M may be a
+#       comma-separated list, one limit per device (`--mbps 100,25`: a fast and a slow one;
+#       its last value serves the devices past its end). Running `up` again first tears the
+#       old rig down.
 #   scripts/slowdev.sh mounts        the mount points of the rig that is up, one per line
 #   scripts/slowdev.sh run CMD ARG.. runs CMD in the throttled cgroup (exit status is CMD's)
 #   scripts/slowdev.sh down          unmounts, detaches and deletes everything `up` made
@@ -68,7 +70,10 @@ up() {
         esac
     done
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "--devices needs a positive integer (got $n)"
-    [[ $mbps =~ ^[1-9][0-9]*$ ]] || die "--mbps needs a positive integer (got $mbps)"
+    [[ $mbps =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] \
+        || die "--mbps needs a positive integer or a comma-separated list of them (got $mbps)"
+    local limits
+    IFS=, read -r -a limits <<<"$mbps"
     need_root
     down
     mkdir -p "$dir" "$cg"
@@ -85,7 +90,8 @@ up() {
         mount -o discard "$l" "$dir/m$i"
         local majmin
         majmin=$(lsblk -dno MAJ:MIN "$l" | tr -d ' ')
-        echo "$majmin $(( mbps * 1000000 ))" > "$cg/blkio.throttle.write_bps_device"
+        local lim=${limits[i]:-${limits[-1]}}
+        echo "$majmin $(( lim * 1000000 ))" > "$cg/blkio.throttle.write_bps_device"
         echo "$dir/m$i" >> "$dir/mounts"
     done
     cat "$dir/mounts"

@@ -20,6 +20,7 @@ per_backend!(
     a_read_only_root_is_skipped_at_open_with_a_warning_and_a_metric,
     with_no_working_root_the_open_fails_with_the_first_roots_error,
     the_skip_warning_is_printed_only_when_another_root_works,
+    a_new_segment_goes_to_the_root_with_the_fewest_being_written,
 );
 
 fn write_and_check(engine: &Engine, id: &str, n: u64, len: usize) {
@@ -110,6 +111,40 @@ fn segments_spread_round_robin_over_roots(b: BackendKind) {
         assert_eq!(&r.next_record().unwrap().unwrap()[..], &record(i, 1000)[..]);
     }
     drop((r, st));
+    task.close();
+    assert_clean(&engine, d1.path());
+    assert_clean(&engine, d2.path());
+}
+
+/// Placement by load (issue 27, point 2): a new segment goes to the root with the fewest
+/// segments being written, not the next in turn. A on the first root, B on the second; B
+/// finishes, so the second root has none being written: C's segment goes there, where the
+/// round-robin it replaced sent it to A's root.
+fn a_new_segment_goes_to_the_root_with_the_fewest_being_written(b: BackendKind) {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let engine = Engine::open(cfg(d1.path(), b).add_root(d2.path())).unwrap();
+    let task = engine.task("placed").unwrap();
+    let files = || [segment_files(d1.path()), segment_files(d2.path())];
+    let opened_on = |w: &mut spillring::SpillWriter| {
+        let before = files();
+        w.write(Bytes::from(record(0, 1000))).unwrap();
+        let after = files();
+        (0..2)
+            .find(|&i| after[i] == before[i] + 1)
+            .expect("one new segment")
+    };
+    let mut a = task.writer().unwrap();
+    let mut b_ = task.writer().unwrap();
+    let (ra, rb) = (opened_on(&mut a), opened_on(&mut b_));
+    assert_ne!(ra, rb, "two writers, two roots: one each");
+    let st = b_.finish().unwrap();
+    let mut c = task.writer().unwrap();
+    assert_eq!(
+        opened_on(&mut c),
+        rb,
+        "the root with no segment being written"
+    );
+    drop((a, c, st));
     task.close();
     assert_clean(&engine, d1.path());
     assert_clean(&engine, d2.path());

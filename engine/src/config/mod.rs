@@ -143,7 +143,7 @@ impl EngineConfig {
         }
     }
 
-    /// Adds another spill root (one per disk); segments spread round-robin over healthy roots.
+    /// Adds another spill root (one per disk); a new segment goes to the healthy root with the fewest segments being written (ties in turn).
     /// Default: only the root given to [`EngineConfig::new`]. Bounds: 1..=64 roots, distinct.
     pub fn add_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.roots.push(root.into());
@@ -151,8 +151,11 @@ impl EngineConfig {
     }
 
     /// Segment files rotate before a record that would pass this size; a larger record gets a
-    /// segment of its own. Default 64 MiB, or `max_spill_bytes` (rounded down to 4 KiB) when
-    /// that is smaller. Bounds: 64 KiB..=1 TiB, a multiple of 4096.
+    /// segment of its own. With 8 MiB or more, a writer opens its next segment ahead of need,
+    /// on the engine's offload pool, once the open one is half full (while the ledger and the
+    /// quota have room for two more segments): for a while it holds two files and two tickets.
+    /// Default 64 MiB, or `max_spill_bytes` (rounded down to 4 KiB) when that is smaller.
+    /// Bounds: 64 KiB..=1 TiB, a multiple of 4096.
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
         self.explicit.segment_size = true;

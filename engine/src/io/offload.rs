@@ -149,6 +149,25 @@ pub(crate) struct Offloaded<T> {
 }
 
 impl<T> Offloaded<T> {
+    /// Waits for the result on this thread (a blocking caller: it parks until the job's thread
+    /// wakes it).
+    pub(crate) fn wait(&mut self) -> T {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(v) = self.poll(&mut cx) {
+                return v;
+            }
+            std::thread::park();
+        }
+    }
+
     /// The result once the job ended; else parks `cx`'s waker and returns `Pending`. Never
     /// waits for the slot's lock: if the job's thread holds it (storing the result), the
     /// task is woken at once to look again, so a pool thread preempted there cannot put the

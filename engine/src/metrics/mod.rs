@@ -120,6 +120,10 @@ metrics! {
             "Disk bytes held by live segments.";
         /// Segment files created.
         segments_created: u64 = counted, counter "segments_created_total" "Segment files created.";
+        /// Rotations that found their segment opened ahead of need (`rotate.rs` `Ahead`): the
+        /// producer's thread did not wait for a create or an allocation.
+        rotations_ahead: u64 = counted, counter "rotations_ahead_total"
+            "Rotations that found their segment opened ahead of need.";
         /// Record bytes accepted by writers (payload, without framing).
         bytes_written: u64 = counted, counter "bytes_written_total"
             "Record bytes accepted by writers.";

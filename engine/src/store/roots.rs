@@ -7,6 +7,11 @@
 //! error (read-only, no permission, a device error) is skipped for the engine's life with a
 //! warning and the `roots_unusable` metric, as long as another root works. `Roots` holds only
 //! the roots in use, indexed in configuration order among them.
+//!
+//! Placement: a new segment goes to the healthy root with the fewest segments being written
+//! ([`Roots::pick`]; ties in turn). A writer holds its open segment's [`RootUse`], so a slow
+//! root, whose writers stay on it longer, gets fewer of the new segments and the other roots'
+//! bandwidth is not held back by it (issue 27, point 2).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -41,6 +46,21 @@ pub(crate) struct Roots {
     /// How long a failed root is skipped.
     skip: Duration,
     next: AtomicUsize,
+    /// Segments being written on each root: each open segment's [`RootUse`] counts one.
+    writing: Arc<[AtomicUsize]>,
+}
+
+/// One segment being written on a root, counted in [`Roots::pick`]'s placement until dropped.
+#[derive(Debug)]
+pub(crate) struct RootUse {
+    writing: Arc<[AtomicUsize]>,
+    root: usize,
+}
+
+impl Drop for RootUse {
+    fn drop(&mut self) {
+        self.writing[self.root].fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Roots {
@@ -50,6 +70,7 @@ impl Roots {
         created: Vec<Vec<PathBuf>>,
         skip: Duration,
     ) -> Self {
+        let n = proc_dirs.len();
         Roots {
             created,
             health: proc_dirs.iter().map(|_| RootHealth::default()).collect(),
@@ -57,6 +78,7 @@ impl Roots {
             proc_dirs,
             skip,
             next: AtomicUsize::new(0),
+            writing: (0..n).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
 
@@ -76,8 +98,8 @@ impl Roots {
         &self.proc_dirs
     }
 
-    /// The root for the next segment: round-robin over the roots not being skipped (or the
-    /// next one anyway if every root is skipped).
+    /// The root for the next segment: of the roots not being skipped, the one with the fewest
+    /// segments being written, ties taken in turn (every root, in turn, if all are skipped).
     pub(crate) fn pick(&self) -> usize {
         let n = self.health.len();
         if n == 1 {
@@ -85,14 +107,25 @@ impl Roots {
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let now = Instant::now();
+        let mut best: Option<(usize, usize)> = None;
         for k in 0..n {
             let i = (start + k) % n;
             let skip = *self.health[i].skip_until.lock();
-            if skip.is_none_or(|t| t <= now) {
-                return i;
+            let writing = self.writing[i].load(Ordering::Relaxed);
+            if skip.is_none_or(|t| t <= now) && best.is_none_or(|(w, _)| writing < w) {
+                best = Some((writing, i));
             }
         }
-        start
+        best.map_or(start, |(_, i)| i)
+    }
+
+    /// Counts a segment being written on `root` until the returned [`RootUse`] drops.
+    pub(crate) fn writing_on(&self, root: usize) -> RootUse {
+        self.writing[root].fetch_add(1, Ordering::Relaxed);
+        RootUse {
+            writing: self.writing.clone(),
+            root,
+        }
     }
 
     /// Notes a failed create or write on `root`. A device error (EIO, ENOSPC, EDQUOT, EROFS)

@@ -28,6 +28,13 @@
 //! system temp directory). `--quick` is 64 MiB and 3 pairs. `--io-buffer-mib N` sets the
 //! engine's `io_buffer_size` (a lineitem batch is ~1.4 MB: above the default 1 MiB, a batch
 //! goes through an owned buffer instead of the staging buffer).
+//!
+//! `--quota-half` (issue 26) measures instead whether the table fits a quota of half its IPC
+//! bytes with `Compression::Auto` (direct mode, the engine's defaults otherwise): `--pairs`
+//! runs, each on a new engine whose `max_spill_bytes` is half the table's IPC bytes, writes
+//! every batch, finishes and reads every batch back (checked against the table); its JSON
+//! (`--json`, default `results/arrow-quota.json`) gives, per run, whether it fit and the
+//! physical / logical bytes written, and the blocks stored raw, lz4 and zstd.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
@@ -245,6 +252,8 @@ impl Gen {
 
 struct Args {
     quick: bool,
+    /// `--quota-half`: the quota run (see the module docs), not the pairs.
+    quota_half: bool,
     /// The engine's `io_buffer_size` in MiB (default: the engine's default, 1 MiB).
     io_buffer_mib: Option<usize>,
     mib: usize,
@@ -256,6 +265,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         quick: false,
+        quota_half: false,
         io_buffer_mib: None,
         mib: 256,
         pairs: 5,
@@ -268,6 +278,7 @@ fn args() -> Args {
     while let Some(x) = it.next() {
         match x.as_str() {
             "--quick" => a.quick = true,
+            "--quota-half" => a.quota_half = true,
             "--mib" => mib = it.next().and_then(|v| v.parse().ok()),
             "--pairs" => pairs = it.next().and_then(|v| v.parse().ok()),
             "--io-buffer-mib" => a.io_buffer_mib = it.next().and_then(|v| v.parse().ok()),
@@ -283,7 +294,89 @@ fn args() -> Args {
     }
     a.mib = mib.unwrap_or(a.mib);
     a.pairs = pairs.unwrap_or(a.pairs).max(1);
+    if a.quota_half && a.json == Path::new(DEFAULT_JSON) {
+        a.json = PathBuf::from("results/arrow-quota.json");
+    }
     a
+}
+
+/// `--quota-half`: `runs` engines with `Auto` under a quota of half the table's IPC bytes
+/// (`ipc`), direct mode; each writes the table, finishes and reads it back. One JSON line per
+/// run on stderr, the whole run to `json`.
+fn quota_runs(
+    root: &Path,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    ipc: u64,
+    runs: usize,
+    json: &Path,
+) {
+    use spillring::{Compression, WriteMode};
+    let mut out = Vec::new();
+    for i in 0..runs {
+        let dir = root.join(format!("quota-{i}"));
+        std::fs::create_dir_all(&dir).expect("quota root");
+        let engine = Engine::open(
+            EngineConfig::new(&dir)
+                .mode(WriteMode::Direct)
+                .compression(Compression::Auto)
+                .max_spill_bytes(ipc / 2),
+        )
+        .expect("open engine");
+        let task = engine.task(&format!("quota-{i}")).expect("task");
+        let t0 = Instant::now();
+        let written = (|| {
+            let mut w = ArrowSpillWriter::new(&task, schema.clone())?;
+            for b in batches {
+                w.write(b)?;
+            }
+            w.finish()
+        })();
+        let secs = t0.elapsed().as_secs_f64();
+        let m = engine.metrics();
+        let row = match written {
+            Ok(spill) => {
+                for (got, want) in spill.reader().expect("reader").zip(batches) {
+                    assert_eq!(&got.expect("read"), want, "round trip under the quota");
+                }
+                json!({"run": i, "fit": true, "error": null, "seconds": secs,
+                    "physical_per_logical": m.physical_bytes_written as f64 / m.logical_bytes_written as f64,
+                    "physical_bytes": m.physical_bytes_written, "logical_bytes": m.logical_bytes_written,
+                    "blocks_raw": m.blocks_raw, "blocks_lz4": m.blocks_lz4, "blocks_zstd": m.blocks_zstd})
+            }
+            Err(e) => json!({"run": i, "fit": false, "error": e.to_string(), "seconds": secs,
+                "blocks_raw": m.blocks_raw, "blocks_lz4": m.blocks_lz4, "blocks_zstd": m.blocks_zstd}),
+        };
+        eprintln!("{row}");
+        out.push(row);
+        task.close();
+        drop(engine);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let ratios: Vec<f64> = out
+        .iter()
+        .filter_map(|r| r["physical_per_logical"].as_f64())
+        .collect();
+    let doc = json!({
+        "bench": "arrow_spill --quota-half",
+        "commit": sh("git", &["rev-parse", "--short", "HEAD"]),
+        "ipc_bytes": ipc, "quota_bytes": ipc / 2, "runs": out,
+        "fit": out.iter().filter(|r| r["fit"] == true).count(),
+        "physical_per_logical": if ratios.is_empty() { json!(null) } else { stats(&ratios) },
+    });
+    let path = workspace_root().join(json);
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).expect("results dir");
+    }
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&doc).expect("json") + "\n",
+    )
+    .expect("write json");
+    eprintln!(
+        "quota-half: {} of {runs} fit; physical / logical {}",
+        doc["fit"], doc["physical_per_logical"]
+    );
 }
 
 /// The workspace root (cargo runs benches in the package directory).
@@ -446,6 +539,10 @@ fn main() {
         );
         drop(spill);
         task.close();
+        if a.quota_half {
+            quota_runs(dir.path(), &schema, &batches, ipc as u64, a.pairs, &a.json);
+            return;
+        }
     }
 
     let mut ratio_total = Vec::new();

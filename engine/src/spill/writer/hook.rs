@@ -132,6 +132,17 @@ impl<T> AbortableFiles<T> {
         Some(std::mem::take(&mut l.entries))
     }
 
+    /// Takes back the file recorded last, at `index`, if the list is still the writer's (a
+    /// segment opened ahead of need that `finish` did not use): then the caller owns it.
+    /// `None` if the hook or a release took the list, or `index` is not the last entry.
+    pub(super) fn take_last(&self, index: usize) -> Option<T> {
+        let mut l = self.list.lock();
+        if l.state != Files::Open || self.hook_ran(&l) || l.entries.len() != index + 1 {
+            return None;
+        }
+        l.entries.pop()
+    }
+
     /// A failed or dropped writer: takes its files to delete them; `None` if the hook ran or
     /// they were already released.
     pub(super) fn take_own(&self) -> Option<Vec<T>> {

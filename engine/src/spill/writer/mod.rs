@@ -66,6 +66,7 @@ pub use slot::RecordSlot;
 use block::Blocks;
 use hook::{Tracker, WriterShared};
 use place::PendingRecord;
+use rotate::Ahead;
 use sink::OpenSegment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +127,8 @@ pub struct SpillWriter {
     seg: Option<OpenSegment>,
     /// The buffers queued in the codec stage, compressed off this thread (`stage.rs`).
     stage: stage::Stage,
+    /// The next segment, opened ahead of need (`rotate.rs`).
+    ahead: Ahead,
     life: Life,
     counts: Counts,
     /// The work its async calls may do before one yields (`spill/budget.rs`).
@@ -215,6 +218,7 @@ impl SpillWriter {
             budget: Budget::new(),
             seg: None,
             stage: stage::Stage::default(),
+            ahead: Ahead::None,
             life: Life::Open,
         })
     }
@@ -316,6 +320,7 @@ impl SpillWriter {
     /// `finish`'s work: the last segment sealed, every write of the writer completed, then the
     /// preallocated tails given back (a step, taken once: `trimmed`).
     fn poll_finished(&mut self, wait: &mut Wait<'_, '_>, trimmed: &mut bool) -> Poll<Result<()>> {
+        std::task::ready!(self.poll_ahead_given_back(wait));
         ready_ok!(self.seal_with(wait, true));
         ready_ok!(self.poll_drained(wait));
         if std::mem::replace(trimmed, true) || !alloc::needs_trim(&self.ctx.shared) {
@@ -324,8 +329,15 @@ impl SpillWriter {
         self.run_step(step::Step::Trim(self.ctx.clone()), wait)
     }
 
-    /// Segment files this writer has created so far.
+    /// Segments this writer has written to so far (a segment opened ahead of need counts from
+    /// its first record).
     pub fn segments(&self) -> usize {
+        self.counts.segments as usize
+    }
+
+    /// Segment files in the writer's list, each holding a ticket (a segment opened ahead of
+    /// need included).
+    fn files(&self) -> usize {
         self.ctx.shared.files.lock().entries.len()
     }
 
@@ -472,7 +484,7 @@ impl SpillWriter {
 
     /// [`rotate::explain_admission`] with what this writer holds.
     fn explain_admission(&self, e: SpillError) -> SpillError {
-        rotate::explain_admission(e, self.segments() as u64, || {
+        rotate::explain_admission(e, self.files() as u64, || {
             let files = self.ctx.shared.files.lock();
             files.entries.iter().map(|e| e.reserved()).sum::<u64>()
         })
@@ -529,6 +541,9 @@ impl SpillWriter {
         self.blocks.staging = None;
         self.seg = None;
         self.close_stage();
+        // A segment opened ahead is in the file list: deleted with the others (a rotation
+        // still running records it, or, refused, deletes it itself).
+        self.ahead = Ahead::None;
     }
 }
 

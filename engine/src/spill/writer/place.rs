@@ -415,6 +415,7 @@ impl SpillWriter {
                 seg.reserved = bytes;
             }
         }
+        self.rotate_ahead();
         Poll::Ready(Ok(()))
     }
 }

@@ -19,6 +19,7 @@ use crate::format::block::{BLOCK_HEADER_LEN, Binding};
 use crate::io::{CachedFile, FileHandle, IoBuf, NoBuffer, Op, OpKind, Refused, Taken, WriteData};
 use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
+use crate::store::roots::RootUse;
 
 /// The segment being written.
 pub(super) struct OpenSegment {
@@ -42,6 +43,8 @@ pub(super) struct OpenSegment {
     /// The engine's id (its segment header's; bound into every block's checksum too: two
     /// engines number their segments alike).
     pub(super) engine: u64,
+    /// Counts it as being written on its root until the segment is sealed or dropped.
+    pub(super) _root_use: RootUse,
 }
 
 impl OpenSegment {
