@@ -21,6 +21,7 @@
 //! | `PublishRename` | `publish` about to rename one file: each move into the destination, then each move back of a roll-back | the rename fails, nothing moves (`FailAfter` is taken as `Fail`: a rename has no ambiguous outcome) |
 //! | `WriterReopen` | a writer whose fd the bound closed passed its abort check, before it reopens its segment | (use `pause`) |
 //! | `BufferMap` | the buffer pool about to map a fresh staging buffer (for an async writer: on the offload pool) | the map fails: the write fails with an I/O error |
+//! | `CodecCompress` | a codec thread about to compress a staging buffer's block | (use `pause`) |
 //!
 //! `FailAfter(errno)` performs the operation and then reports the error: the ambiguous outcome
 //! (the effect happened, the caller cannot know).
@@ -103,6 +104,10 @@ fault_points! {
     /// on the offload pool for an async writer, on its own thread for a blocking one.
     /// Pausing here shows where the map runs; `Fail` is a map that fails.
     BufferMap = "buffer::map",
+    /// `codec::compress`: a thread of the codec pool (`io/compress.rs`) about to compress a
+    /// staging buffer's block, off its writer's thread. Pausing here holds the compression,
+    /// with its buffer queued in its writer's order.
+    CodecCompress = "codec::compress",
 }
 
 /// What an armed fault point does.

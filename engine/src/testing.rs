@@ -165,15 +165,19 @@ pub struct BufferStats {
     pub mapped: usize,
     /// The most ever mapped at once.
     pub peak: usize,
+    /// Bytes of buffers out of the pool now: held by writers, queued in their codec stages
+    /// (compressing or waiting to be written), or in flight.
+    pub held: usize,
 }
 
 /// The state of `engine`'s staging buffer budget.
 pub fn buffer_stats(engine: &crate::Engine) -> BufferStats {
-    let (budget, mapped, peak) = engine.io().pool().stats();
+    let (budget, mapped, peak, held) = engine.io().pool().stats();
     BufferStats {
         budget,
         mapped,
         peak,
+        held,
     }
 }
 

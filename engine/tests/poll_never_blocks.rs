@@ -25,6 +25,7 @@ per_backend!(
     a_reopen_of_an_evicted_fd_runs_off_the_poll,
     a_compressed_blocks_seal_maps_nothing_in_the_poll,
     a_submit_to_a_full_lane_waits_off_the_poll,
+    a_write_waiting_for_a_held_compression_is_pending_at_once,
 );
 
 /// How soon a poll that does not wait must return. A poll that waits for the held step takes
@@ -136,8 +137,9 @@ fn compressible(i: u64, len: usize) -> Vec<u8> {
 /// for the output, with the pool's lock taken blocking and, none free, an `mmap` in the poll
 /// (seen: 4 maps of 64 KiB on the caller's thread with Lz4, none without). Here the only other
 /// buffer is held in flight (the I/O thread paused at its write) and maps pause at
-/// `buffer::map`: the seal compresses in place and the poll is `Pending` at once, waiting for
-/// a map on the offload pool for the next record. (Before: the poll sat in the map's pause.)
+/// `buffer::map`: the block is compressed in place (on the codec pool) and the poll is
+/// `Pending` at once, waiting for a map on the offload pool for the next record. (Before: the
+/// poll sat in the map's pause.)
 fn a_compressed_blocks_seal_maps_nothing_in_the_poll(b: BackendKind) {
     for mode in both_modes() {
         for codec in [Compression::Lz4, Compression::Zstd { level: 1 }] {
@@ -247,6 +249,54 @@ fn a_submit_to_a_full_lane_waits_off_the_poll(b: BackendKind) {
             assert_eq!(r.len(), 1500);
             assert_eq!(&r[1499][..], &record(t as u64 * 10_000 + 1499, 3000)[..]);
         }
+        drop((recs, st));
+        task.close();
+        assert_clean(&engine, dir.path());
+    }
+}
+
+/// A writer with a codec queues its full buffers for the codec pool (`stage.rs`); with
+/// `queue_depth(1)` the next full buffer waits for the queued one, whose compression is held
+/// at `codec::compress`. The poll parks its waker and is `Pending` at once (the codec thread
+/// wakes it); released, the write completes and every record reads back in order.
+fn a_write_waiting_for_a_held_compression_is_pending_at_once(b: BackendKind) {
+    for mode in both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new(4);
+        let engine = Engine::open(
+            cfg(dir.path(), b)
+                .mode(mode)
+                .io_buffer_size(64 << 10)
+                .queue_depth(1)
+                .compression(Compression::Lz4)
+                .fault_plan(plan.clone()),
+        )
+        .unwrap();
+        let task = engine.task("held").unwrap();
+        let rt = current_thread();
+        let mut w = task.writer().unwrap();
+        rt.block_on(w.write_async(Bytes::from(compressible(0, 40_000))))
+            .unwrap();
+        let held = plan.pause_once(FaultPoint::CodecCompress);
+        // The first buffer goes to the codec pool, the record into the next.
+        rt.block_on(w.write_async(Bytes::from(compressible(1, 40_000))))
+            .unwrap();
+        assert!(held.wait_reached(T), "{mode:?}: the compression is held");
+        {
+            // The second buffer is full: it waits for the first one, queued and held.
+            let mut fut = pin!(w.write_async(Bytes::from(compressible(2, 40_000))));
+            let what = format!("{mode:?} held compression");
+            assert_pending_promptly(fut.as_mut(), std::slice::from_ref(&held), &what);
+            held.release();
+            rt.block_on(fut).unwrap();
+        }
+        let st = rt.block_on(w.finish_async()).unwrap();
+        let recs = read_all(&st);
+        assert_eq!(recs.len(), 3, "{mode:?}");
+        for (i, r) in recs.iter().enumerate() {
+            assert_eq!(&r[..], &compressible(i as u64, 40_000)[..], "{mode:?}");
+        }
+        assert_eq!(plan.fired(FaultPoint::CodecCompress), 1);
         drop((recs, st));
         task.close();
         assert_clean(&engine, dir.path());

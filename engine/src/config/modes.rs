@@ -21,11 +21,13 @@ pub enum Compression {
     ///   or the engine's bytes on the segment's root over those plus the filesystem's free
     ///   bytes): the smallest of lz4 and zstd level 1 (also level 3 from half full), a stronger
     ///   codec only where it saves 10% (5% for level 3) more than the cheaper one.
-    /// - **Room to spare**: the codec that makes the writer fastest, from its measured costs:
-    ///   a block takes the longer of the producer's time (plus the codec's) and the device's
-    ///   for the bytes out. The device counts only once the writer has waited for it, so a
-    ///   writer the device never holds back stays raw; its cost is the wall time per byte the
-    ///   device completed while the writer waited. zstd needs 10% more gain than lz4.
+    /// - **Room to spare**: the codec that makes the writer fastest, from its measured costs.
+    ///   Blocks are compressed on the engine's codec threads while the writer fills the next
+    ///   one, so a block takes the longest of three stages: the producer's time, the codec's
+    ///   (one thread's, as measured over the last blocks) and the device's for the bytes out.
+    ///   The device counts only once the writer has waited for it, so a writer the device
+    ///   never holds back stays raw; its cost is the wall time per byte the device completed
+    ///   while the writer waited. zstd needs 10% more gain than lz4.
     ///
     /// A choice is kept for 8 blocks. When no codec pays, trials back off exponentially: to
     /// 32 blocks on data a codec shrinks by a tenth (the device's cost changes), to 256 on

@@ -40,6 +40,9 @@ impl EngineInner {
         // two reads holds (issue 25, item 1: before, this looked only at queued deletes and
         // reported drained while such a job's file stayed on disk).
         let drained = wait_until(deadline, || no_delete_work_left(core));
+        // The codec pool runs what is queued (its buffers go back to their writers, which the
+        // scopes' close failed, or to the pool) and its threads leave, within the budget.
+        core.io.codec().shutdown(deadline);
         // The worker checks this inside its batch and its sweep: it finishes the unlink under
         // way and returns.
         core.store.cleanup.stop();

@@ -28,6 +28,7 @@ use memmap2::MmapMut;
 use parking_lot::{Condvar, Mutex};
 
 use super::fills::Fills;
+use crate::config::DIRECT_ALIGN;
 use crate::fault::{FaultPlan, Injected, fault_point};
 use crate::format::block::{BLOCK_HEADER_LEN, BlockSeal, record_frame};
 use crate::format::segment::FRAME_LEN;
@@ -97,6 +98,16 @@ impl IoBuf {
 
     pub(crate) fn remaining(&self) -> usize {
         self.capacity() - self.len
+    }
+
+    /// What a write of it takes: its length, padded to the direct-I/O alignment (within its
+    /// capacity) if `pad`.
+    pub(crate) fn write_len(&self, pad: bool) -> usize {
+        if pad {
+            self.len.next_multiple_of(DIRECT_ALIGN).min(self.capacity())
+        } else {
+            self.len
+        }
     }
 
     /// Appends `src[src_at..src_at + len]` (the caller checked it fits) as a deferred copy,
@@ -323,12 +334,14 @@ impl BufferPool {
         self.max_slots
     }
 
-    /// The budget, bytes mapped now and the most ever mapped at once.
-    pub(crate) fn stats(&self) -> (usize, usize, usize) {
+    /// The budget, bytes mapped now, the most ever mapped at once, and bytes of buffers out
+    /// of the pool now.
+    pub(crate) fn stats(&self) -> (usize, usize, usize, usize) {
         (
             self.budget,
             self.mapped.load(Ordering::Relaxed),
             self.peak.load(Ordering::Relaxed),
+            self.out.load(Ordering::Relaxed),
         )
     }
 

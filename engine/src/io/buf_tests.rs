@@ -84,8 +84,12 @@ fn buffers_shrink_as_the_budget_fills_and_never_pass_it() {
     }
     assert_eq!(held[0].capacity(), 1 << 20);
     assert_eq!(held.last().map(IoBuf::capacity), Some(4096));
-    let (budget, mapped, peak) = p.stats();
-    assert_eq!((mapped, peak), (budget, budget));
+    let (budget, mapped, peak, out) = p.stats();
+    assert_eq!(
+        (mapped, peak, out),
+        (budget, budget, budget),
+        "every buffer is held"
+    );
     // A buffer in flight turns "exhausted" into "wait", and its return ends the wait.
     let mut b = held.pop().unwrap();
     b.mark_in_flight();

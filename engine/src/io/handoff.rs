@@ -220,6 +220,62 @@ impl<T> Handoff<T> {
     }
 }
 
+/// Starts a thread named `name-i` for each consumer `i` of `q`, handing each item it takes to
+/// `each` (a panic there does not take the thread along) until `q` is closed and drained; the
+/// threads that could not start leave `q` at once. An error when none could (`q` closed).
+pub(crate) fn spawn_consumers<T: Send + 'static>(
+    q: &std::sync::Arc<Handoff<T>>,
+    name: &str,
+    each: impl Fn(T) + Send + Clone + 'static,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let n = q.idle.len();
+    let mut threads = Vec::with_capacity(n);
+    for i in 0..n {
+        let (q2, each) = (q.clone(), each.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("{name}-{i}"))
+            .spawn(move || {
+                while let Some(item) = q2.recv(i) {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| each(item)));
+                }
+                q2.leave();
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) if i == 0 => {
+                q.close();
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "starting a {name} thread failed");
+                (i..n).for_each(|_| q.leave());
+                break;
+            }
+        }
+    }
+    Ok(threads)
+}
+
+/// Closes `q` (a push gives its item back from now on; each consumer drains what is queued,
+/// then leaves) and joins the threads that end by `deadline`: the others are left to end on
+/// their own.
+pub(crate) fn stop_consumers<T>(
+    q: &Handoff<T>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    deadline: Instant,
+) {
+    q.close();
+    q.wake_all();
+    for t in threads {
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        }
+    }
+}
+
 // Left out of loom builds, like the other unit tests of std-thread code.
 #[cfg(all(test, not(loom)))]
 mod tests {

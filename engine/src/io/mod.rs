@@ -1,12 +1,14 @@
 //! How bytes move: the I/O request types, the handle the engine submits through, staging
-//! buffers, the reaper that closes files off the callers' threads, and the offload pool that
-//! runs the blocking steps of `_async` calls.
+//! buffers, the reaper that closes files off the callers' threads, the offload pool that
+//! runs the blocking steps of `_async` calls, and the codec pool that compresses staging
+//! buffers' blocks off the writers' threads.
 //!
 //! The backends live in [`uring`] (an io_uring ring thread) and [`psync`] (plain syscalls on an
 //! I/O thread). Both take the same [`Op`]s over a crossbeam channel and report each one's
 //! outcome to its [`OpSink`]. Nothing here knows about tickets, segments or scopes.
 
 mod buf;
+mod compress;
 mod decode;
 mod fdcache;
 mod fills;
@@ -24,6 +26,7 @@ mod reaper;
 pub(crate) mod uring;
 
 pub(crate) use buf::{BufferPool, IoBuf, Mapping, NoBuffer, OpenBlock, Refused, Taken};
+pub(crate) use compress::{Compress, CompressPool, CompressSink};
 pub(crate) use decode::{DECODE_POOL, DecodePool};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
 pub(crate) use gate::LaneGate;
@@ -58,6 +61,7 @@ pub(crate) struct IoHandle {
     fds: Arc<FdCache>,
     maps: Arc<KeptMaps>,
     offload: Offload,
+    codec: CompressPool,
 }
 
 impl std::fmt::Debug for IoHandle {
@@ -141,6 +145,7 @@ impl IoHandle {
             fds: FdCache::new(setup.max_open_files),
             maps: Arc::new(KeptMaps::new(setup.max_kept_map_bytes)),
             offload: Offload::new(),
+            codec: CompressPool::new(setup.fault.clone()),
         }
     }
 
@@ -162,6 +167,11 @@ impl IoHandle {
     /// The pool that runs the blocking steps of `_async` calls off the caller's thread.
     pub(crate) fn offload(&self) -> &Offload {
         &self.offload
+    }
+
+    /// The pool that compresses staging buffers' blocks off the writers' threads.
+    pub(crate) fn codec(&self) -> &CompressPool {
+        &self.codec
     }
 
     /// The reaper that closes fds off the hot path.

@@ -17,7 +17,7 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
-use super::handoff::Handoff;
+use super::handoff::{Handoff, spawn_consumers};
 
 /// Threads of the pool. A rotation in direct mode allocates a whole segment (tens of ms on a
 /// busy disk): a few in parallel keep many async writers moving.
@@ -122,33 +122,10 @@ impl Offload {
             return Ok(t);
         }
         let q = Arc::new(Handoff::<Job>::new(OFFLOAD_THREADS, None));
-        for i in 0..OFFLOAD_THREADS {
-            let q2 = q.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("spillring-offload-{i}"))
-                .spawn(move || offload_loop(&q2, i));
-            if let Err(e) = spawned {
-                if i == 0 {
-                    q.close();
-                    return Err(e);
-                }
-                // The threads that started serve the queue; the missing ones never will.
-                for _ in i..OFFLOAD_THREADS {
-                    q.leave();
-                }
-                break;
-            }
-        }
+        // The threads leave when the queue closes (the pool dropped): never joined.
+        spawn_consumers(&q, "spillring-offload", |job: Job| job())?;
         Ok(self.tx.get_or_init(|| q))
     }
-}
-
-fn offload_loop(q: &Handoff<Job>, me: usize) {
-    while let Some(job) = q.recv(me) {
-        // A panicking job (a panicking waker) must not take the pool thread with it.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-    }
-    q.leave();
 }
 
 /// Counts a job down on drop.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use memmap2::Mmap;
 
 use super::FdPermit;
-use super::handoff::Handoff;
+use super::handoff::{Handoff, spawn_consumers, stop_consumers};
 use parking_lot::Mutex;
 
 /// Something whose drop may be slow, dropped on the reaper thread.
@@ -44,6 +44,8 @@ const REAPER_THREADS: usize = 4;
 #[derive(Debug, Clone)]
 pub(crate) struct Reaper {
     tx: Option<Arc<Handoff<Reaped>>>,
+    /// Its threads (a flush sends each a gate).
+    threads: usize,
     /// One flush at a time: a flush sends one gate per reaper thread, and two interleaved
     /// flushes would leave every thread waiting on a gate that cannot fill.
     flushing: Arc<Mutex<()>>,
@@ -56,29 +58,15 @@ impl Reaper {
             REAPER_THREADS,
             Some(REAPER_CAPACITY),
         ));
-        let mut joins = Vec::with_capacity(REAPER_THREADS);
-        for i in 0..REAPER_THREADS {
-            let rx = tx.clone();
-            match std::thread::Builder::new()
-                .name(format!("spillring-reaper-{i}"))
-                .spawn(move || reaper_loop(&rx, i))
-            {
-                Ok(j) => joins.push(j),
-                Err(e) => {
-                    // The threads that started leave at once (the queue closes).
-                    tx.close();
-                    tx.wake_all();
-                    return Err(e);
-                }
-            }
-        }
+        let joins = spawn_consumers(&tx, "spillring-reaper", reap_one)?;
         Ok((
             Reaper {
                 tx: Some(tx.clone()),
+                threads: joins.len(),
                 flushing: Arc::default(),
             },
             ReaperThread {
-                tx: Mutex::new(Some(tx)),
+                tx,
                 joins: Mutex::new(joins),
             },
         ))
@@ -89,6 +77,7 @@ impl Reaper {
     pub(crate) fn inline() -> Self {
         Reaper {
             tx: None,
+            threads: 0,
             flushing: Arc::default(),
         }
     }
@@ -117,11 +106,11 @@ impl Reaper {
             return false;
         };
         let gate = Arc::new(FlushGate {
-            left: Mutex::new(REAPER_THREADS),
+            left: Mutex::new(self.threads),
             cv: parking_lot::Condvar::new(),
             deadline,
         });
-        for _ in 0..REAPER_THREADS {
+        for _ in 0..self.threads {
             if tx
                 .push(Reaped::Flush(gate.clone()), Some(deadline))
                 .is_err()
@@ -169,24 +158,22 @@ impl FlushGate {
     }
 }
 
-fn reaper_loop(rx: &Handoff<Reaped>, me: usize) {
-    while let Some(m) = rx.recv(me) {
-        match m {
-            Reaped::Flush(gate) => {
-                gate.arrive();
-                let _ = gate.wait();
-            }
-            other => drop(other),
+/// A reaper thread's work on one item. (The last thread to leave closes the queue: later
+/// reaps drop where they are made.)
+fn reap_one(m: Reaped) {
+    match m {
+        Reaped::Flush(gate) => {
+            gate.arrive();
+            let _ = gate.wait();
         }
+        other => drop(other),
     }
-    // The last thread to leave closes the queue: later reaps drop where they are made.
-    rx.leave();
 }
 
 /// The reaper threads' stop handle.
 #[derive(Debug)]
 pub(crate) struct ReaperThread {
-    tx: Mutex<Option<Arc<Handoff<Reaped>>>>,
+    tx: Arc<Handoff<Reaped>>,
     joins: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -195,20 +182,7 @@ impl ReaperThread {
     /// for them until `deadline`: threads still closing files then are left to finish on
     /// their own (detached). Later reaps are dropped on the thread that makes them.
     pub(crate) fn stop(&self, deadline: Instant) {
-        if let Some(tx) = self.tx.lock().take() {
-            // Each thread drains what is queued, then leaves; later pushes are refused.
-            tx.close();
-            tx.wake_all();
-        }
-        let joins = std::mem::take(&mut *self.joins.lock());
-        for j in joins {
-            while !j.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if j.is_finished() {
-                let _ = j.join();
-            }
-        }
+        stop_consumers(&self.tx, std::mem::take(&mut *self.joins.lock()), deadline);
     }
 }
 
@@ -216,9 +190,7 @@ impl Drop for ReaperThread {
     /// A handle dropped without [`ReaperThread::stop`] still lets its threads go once they
     /// drained the queue (they hold the queue themselves, so nothing else would end them).
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.get_mut().take() {
-            tx.close();
-            tx.wake_all();
-        }
+        self.tx.close();
+        self.tx.wake_all();
     }
 }

@@ -1,9 +1,10 @@
 //! The block builder: format v2 blocks in the staging buffer, with no I/O. Records are framed
 //! into the buffer's open block (`push_record`, the byte stream's growing record, in-place
-//! slots); a block is sealed where it stands (`seal`: compressed in place per the codec
-//! policy, its header and CRC written, encrypted with the engine's key, padded to 4 KiB in
-//! direct mode); a record too large for a block of the buffer is a block of its own, whose
-//! prefix (block header + frame) is made here. What the buffer leaves to the I/O thread that
+//! slots); a block is closed (`close`: its codec picked per the codec policy) and sealed where
+//! it stands (`seal_closed`: its records compressed already, off the producer's thread, by the
+//! codec stage, `stage.rs`; its header and CRC written, encrypted with the engine's key,
+//! padded to 4 KiB in direct mode); a record too large for a block of the buffer is a block of
+//! its own, whose prefix (block header + frame) is made here. What the buffer leaves to the I/O thread that
 //! writes it (deferred copies, a deferred checksum) is `io/fills.rs`. Getting a buffer and
 //! writing one is the segment sink's (`sink.rs`).
 
@@ -12,7 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::codec::CodecState;
-use crate::config::{Compression, DIRECT_ALIGN};
+use crate::config::Compression;
 use crate::format::block::{self, BLOCK_HEADER_LEN, Binding, BlockSeal, Codec, LARGE_PREFIX_LEN};
 use crate::format::segment::FRAME_LEN;
 use crate::io::{IoBuf, OpenBlock};
@@ -232,67 +233,108 @@ impl Blocks {
         *done += n;
     }
 
-    /// Seals the block open in the staging buffer, in place: compresses its records per the
-    /// codec policy when that shrinks them (through a per-thread scratch buffer: no second
-    /// staging buffer, so no map and no pool lock, which an async writer's poll must not
-    /// take), writes its header and checksum (encrypting it with the engine's key), and pads
-    /// it to `DIRECT_ALIGN` when `pad`. Nothing to seal with no open block. The bytes before
-    /// the block (and any deferred copy among them, which the I/O thread makes) stay where
-    /// they are.
-    pub(super) fn seal(&mut self, core: &EngineShared, at: At, pad: bool) {
+    /// Closes the block open in the staging buffer: its open record ended, its codec picked
+    /// (fixed, or `Auto`'s: a trial on a sample, on this thread). The block stays where it
+    /// stands, its header blank, until [`seal_closed`]. `None` with no open block.
+    pub(super) fn close(&mut self, core: &EngineShared) -> Option<Closed> {
         let Blocks { staging, codec } = self;
-        let Some(buf) = staging.as_mut() else {
-            return;
-        };
+        let buf = staging.as_mut()?;
         buf.end_open_record();
-        let Some(ob) = buf.block.take() else {
+        let block = buf.block.take()?;
+        let body = block.at + BLOCK_HEADER_LEN;
+        let raw = buf.len - body;
+        let (codec, pick_ns) = codec.pick(&buf.filled()[body..], quota_fill(core));
+        Some(Closed {
+            block,
+            raw,
+            codec,
+            pick_ns,
+        })
+    }
+
+    /// Seals the block open in the staging buffer where it stands, on this thread, stored raw:
+    /// for a writer without a codec (a writer with one seals its blocks in order as their
+    /// compressions come back, `stage.rs`). Nothing to seal with no open block.
+    pub(super) fn seal(&mut self, core: &EngineShared, at: At, pad: bool) {
+        let Some(closed) = self.close(core) else {
             return;
         };
-        let body = ob.at + BLOCK_HEADER_LEN;
-        let raw_len = buf.len - body;
-        let t0 = Instant::now();
-        let (mut chosen, mut nanos) = codec.pick(&buf.filled()[body..], quota_fill(core));
-        if chosen != Codec::Raw {
-            let end = buf.len;
-            match block::compress_in_place(chosen, &mut buf.space()[body..end]) {
-                Some(n) => buf.len = body + n,
-                None => {
-                    codec.shrank_nothing();
-                    chosen = Codec::Raw;
-                }
-            }
-            nanos = t0.elapsed().as_nanos() as u64;
+        if let Some(buf) = self.staging.as_mut() {
+            seal_closed(
+                core,
+                &mut self.codec,
+                buf,
+                &closed,
+                (Codec::Raw, 0),
+                at,
+                pad,
+            );
         }
-        let stored_len = buf.len - body;
-        let padn = if pad {
-            buf.len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity()) - buf.len
-        } else {
-            0
-        };
-        let end = buf.len;
-        let header = seal_in_place(
-            core,
-            at.bind,
-            at.written + ob.at as u64,
-            chosen,
-            raw_len as u64,
-            ob.records,
-            padn as u32,
-            ob.chunk,
-            &mut buf.space()[body..end],
-        );
-        buf.space()[ob.at..body].copy_from_slice(&header);
-        buf.space()[end..end + padn].fill(0);
-        buf.len += padn;
-        codec.observe(buf.len, BLOCK_HEADER_LEN + raw_len, nanos);
-        count_block(
-            core,
-            chosen,
-            (BLOCK_HEADER_LEN + raw_len) as u64,
-            (BLOCK_HEADER_LEN + stored_len) as u64,
-            nanos,
-        );
     }
+}
+
+/// A block closed in its buffer (its header blank), to be sealed where it stands: where it
+/// is, what it holds, the codec picked for it and the nanoseconds the pick took.
+pub(super) struct Closed {
+    block: OpenBlock,
+    /// Its records' bytes, raw.
+    raw: usize,
+    pub(super) codec: Codec,
+    pick_ns: u64,
+}
+
+impl Closed {
+    /// Where its records start in the buffer.
+    pub(super) fn body(&self) -> usize {
+        self.block.at + BLOCK_HEADER_LEN
+    }
+}
+
+/// Seals a closed block in `buf` where it stands: its records as `stored` says (the codec they
+/// are stored with, `Raw` when as they were, and the nanoseconds their compression took),
+/// its header and checksum for the file offset `at` gives the buffer (encrypted with the
+/// engine's key), padded to `DIRECT_ALIGN` when `pad`. The bytes before the block (and any
+/// deferred copy among them, which the I/O thread makes) stay where they are. Counted, and
+/// observed by `Auto`.
+pub(super) fn seal_closed(
+    core: &EngineShared,
+    codec: &mut CodecState,
+    buf: &mut IoBuf,
+    c: &Closed,
+    stored: (Codec, u64),
+    at: At,
+    pad: bool,
+) {
+    let (used, codec_ns) = stored;
+    if used == Codec::Raw && c.codec != Codec::Raw {
+        codec.shrank_nothing();
+    }
+    let body = c.body();
+    let stored_len = buf.len - body;
+    let padn = buf.write_len(pad) - buf.len;
+    let end = buf.len;
+    let header = seal_in_place(
+        core,
+        at.bind,
+        at.written + c.block.at as u64,
+        used,
+        c.raw as u64,
+        c.block.records,
+        padn as u32,
+        c.block.chunk,
+        &mut buf.space()[body..end],
+    );
+    buf.space()[c.block.at..body].copy_from_slice(&header);
+    buf.space()[end..end + padn].fill(0);
+    buf.len += padn;
+    codec.observe(buf.len, BLOCK_HEADER_LEN + c.raw, c.pick_ns, codec_ns);
+    count_block(
+        core,
+        used,
+        (BLOCK_HEADER_LEN + c.raw) as u64,
+        (BLOCK_HEADER_LEN + stored_len) as u64,
+        c.pick_ns + codec_ns,
+    );
 }
 
 /// Counts a sealed block: its codec, logical (header + raw) and physical (header + stored)

@@ -54,12 +54,13 @@ pub(crate) struct AutoPolicy {
     retry_on_wait: bool,
 }
 
-/// What the writer's two stages cost, as `Auto` last measured them: the device, in wall time
-/// per physical byte while the writer waited for it (0 until the writer has waited: the device
+/// What the writer's stages cost, as `Auto` last measured them: the device, in wall time per
+/// physical byte while the writer waited for it (0 until the writer has waited: the device
 /// has not been its bottleneck), and the producer, in the writer's own time per logical byte
 /// without codec or waits (the copies, the framing, the caller's work between writes); the
 /// time the writer would have waited per logical byte over the last window had it stored its
-/// blocks raw; and whether the device was its bottleneck in that window.
+/// blocks raw; and whether the device was its bottleneck in that window. The third stage, the
+/// codec pool that compresses the writer's blocks off its thread, is a trial's own time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DeviceCost {
     pub(crate) device_ns_per_byte: f64,
@@ -163,18 +164,21 @@ impl AutoPolicy {
         None
     }
 
-    /// Chooses from a trial on `sample` bytes at the costs the writer measured. Writes run
-    /// behind the producer, so a sample takes the longer of its two stages: raw, the longer of
-    /// the producer's time and the device's for every byte; with a codec, the longer of the
-    /// producer's time plus the codec's and the device's for the bytes out. A codec's gain is
-    /// the difference. A writer the device never held back (device cost 0) gains nothing and
-    /// stores raw; one that compresses until it is CPU-bound gains less than one that stays
-    /// device-bound, and the stronger codec is taken only for [`TIME_STRONGER`] more gain.
-    /// The gain is also capped by the time the writer would have waited over the sample's
-    /// bytes in the last window storing them raw: a writer that stopped waiting (its CPU is
-    /// short: a loaded host) gains nothing from writing less. (Without the cap, two writers on a loaded 2-core host kept
-    /// zstd at 0.85-0.9x of raw's rate; with the cap alone, a writer that compressed with zstd
-    /// stopped waiting and went raw, then waited and compressed again.)
+    /// Chooses from a trial on `sample` bytes at the costs the writer measured. The codec and
+    /// the writes run behind the producer, each on threads of its own, so a sample takes the
+    /// longest of its stages: raw, the longer of the producer's time and the device's for
+    /// every byte; with a codec, the longest of the producer's time, the codec's and the
+    /// device's for the bytes out. A codec's gain is the difference. A writer the device never
+    /// held back (device cost 0) gains nothing and stores raw; one whose codec is slower than
+    /// its device gains less than one that stays device-bound, and the stronger codec is taken
+    /// only for [`TIME_STRONGER`] more gain. (The codec's time is one thread's: a writer's
+    /// blocks may compress on several at once, but those share the host's CPUs with the
+    /// producer and the other writers.) The gain is also capped by the time the writer would
+    /// have waited over the sample's bytes in the last window storing them raw: a writer that
+    /// stopped waiting (its CPU is short: a loaded host) gains nothing from writing less.
+    /// (Without the cap, two writers on a loaded 2-core host kept zstd at 0.85-0.9x of raw's
+    /// rate; with the cap alone, a writer that compressed with zstd stopped waiting and went
+    /// raw, then waited and compressed again.)
     /// Raw on data a codec shrinks by a tenth backs off at most [`AUTO_MAX_NOT_NOW`] blocks;
     /// data no codec shrinks that much backs off up to [`AUTO_MAX_BACKOFF`].
     pub(crate) fn choose(
@@ -209,14 +213,16 @@ impl AutoPolicy {
         self.keep(best.0)
     }
 
-    /// The writer time a trial's codec saves over `sample` bytes in the two-stage model of
+    /// The writer time a trial's codec saves over `sample` bytes in the staged model of
     /// [`AutoPolicy::choose`] (`None`: the codec did not shrink the sample).
     pub(crate) fn gain(sample: usize, t: TrialResult, cost: DeviceCost) -> Option<f64> {
         t.map(|(out, ns)| {
             let produce = sample as f64 * cost.producer_ns_per_byte;
             let raw = produce.max(sample as f64 * cost.device_ns_per_byte);
-            let coded = (produce + ns as f64).max(out as f64 * cost.device_ns_per_byte);
-            (raw - coded).min(sample as f64 * cost.wait_ns_per_byte - ns as f64)
+            let coded = produce
+                .max(ns as f64)
+                .max(out as f64 * cost.device_ns_per_byte);
+            (raw - coded).min(sample as f64 * cost.wait_ns_per_byte)
         })
     }
 
@@ -243,17 +249,20 @@ pub(super) struct CodecState {
     /// The blocks since the last trial.
     pub(super) window: Window,
     /// The codec time per logical byte over the last window (its blocks used the codec
-    /// `Auto` kept for them).
+    /// `Auto` kept for them), on the codec pool's threads.
     pub(super) sustained_ns_per_byte: f64,
-    /// Waiting since the last block (added by `poll_inflight_below`).
+    /// Waiting for writes in flight since the last block (added by `poll_until`).
     pub(super) waited_ns: u64,
-    /// The bytes the device had written for this writer when `poll_inflight_below` last
+    /// Waiting for compressions (the codec stage's head) since the last block.
+    pub(super) stalled_ns: u64,
+    /// The bytes the device had written for this writer when `poll_until` last
     /// looked, and at the last block: their difference over a window is what the device did
     /// in it.
     pub(super) completed: u64,
     completed_at_block: u64,
-    /// When an async wait for writes in flight returned `Pending`.
-    pub(super) pending_since: Option<Instant>,
+    /// When an async wait returned `Pending`, and whether it waited for a compression (else
+    /// for writes in flight).
+    pub(super) pending_since: Option<(Instant, bool)>,
     pub(super) last_block: Option<Instant>,
     /// Where `Auto`'s trials compress to (kept: no allocation per block).
     pub(super) scratch: Vec<u8>,
@@ -281,6 +290,7 @@ impl CodecState {
             window: Window::default(),
             sustained_ns_per_byte: 0.0,
             waited_ns: 0,
+            stalled_ns: 0,
             completed: 0,
             completed_at_block: 0,
             pending_since: None,
@@ -291,9 +301,10 @@ impl CodecState {
         }
     }
 
-    /// Records a block sealed now: `physical` bytes out of `logical` in, `codec_ns` spent
-    /// compressing it (and choosing its codec).
-    pub(super) fn observe(&mut self, physical: usize, logical: usize, codec_ns: u64) {
+    /// Records a block sealed now: `physical` bytes out of `logical` in, `pick_ns` spent
+    /// choosing its codec (on the writer's thread), `codec_ns` compressing it (on the codec
+    /// pool's).
+    pub(super) fn observe(&mut self, physical: usize, logical: usize, pick_ns: u64, codec_ns: u64) {
         let now = Instant::now();
         let done = self.completed.saturating_sub(self.completed_at_block);
         self.completed_at_block = self.completed;
@@ -301,13 +312,16 @@ impl CodecState {
             && physical > 0
         {
             let ns = now.duration_since(t).as_nanos() as u64;
+            let aside = self.stalled_ns + pick_ns;
+            let waits = (self.waited_ns, aside);
             self.window
-                .add(ns, self.waited_ns, codec_ns, (physical, logical), done);
+                .add(ns, waits, codec_ns, (physical, logical), done);
             if self.window.device_bound() {
                 self.auto.device_bound_again();
             }
         }
         self.waited_ns = 0;
+        self.stalled_ns = 0;
     }
 
     /// The costs `Auto` weighs a trial against, updated from the window since the last trial
@@ -386,14 +400,21 @@ impl CodecState {
         }
     }
 
-    /// Counts time the writer spent waiting for its writes in flight.
-    pub(super) fn waited(&mut self, since: Instant) {
-        self.waited_ns += since.elapsed().as_nanos() as u64;
+    /// Counts time the writer spent waiting: for a compression (`stalled`: the codec stage
+    /// held it back), or for its writes in flight.
+    pub(super) fn waited(&mut self, since: Instant, stalled: bool) {
+        let ns = since.elapsed().as_nanos() as u64;
+        if stalled {
+            self.stalled_ns += ns;
+        } else {
+            self.waited_ns += ns;
+        }
     }
 }
 
-/// The blocks a writer wrote since `Auto`'s last trial: their wall time, the part of it spent
-/// waiting for writes in flight and compressing, and their physical and logical bytes. Summed
+/// The blocks a writer wrote since `Auto`'s last trial: their wall time, the parts of it spent
+/// waiting for writes in flight and aside (waiting for compressions, choosing codecs), the
+/// codec pool's time compressing them, and their physical and logical bytes. Summed
 /// over the window, not smoothed per block: a writer waits in bursts (a full queue, then none
 /// while it fills again), and a per-block average swung from 21 to 0.4 ns per byte between
 /// trials on a steadily slow device.
@@ -401,6 +422,7 @@ impl CodecState {
 pub(super) struct Window {
     ns: u64,
     wait_ns: u64,
+    aside_ns: u64,
     codec_ns: u64,
     physical: u64,
     logical: u64,
@@ -414,11 +436,13 @@ pub(super) struct Window {
 const DEVICE_BOUND: f64 = 0.1;
 
 impl Window {
-    /// Adds a block: the wall time since the last one, the waits and codec time in it, its
-    /// (physical, logical) bytes, and the bytes the device completed meanwhile.
-    fn add(&mut self, ns: u64, wait_ns: u64, codec_ns: u64, bytes: (usize, usize), done: u64) {
+    /// Adds a block: the wall time since the last one, the time in it waiting for writes and
+    /// aside (`waits`), its compression's time, its (physical, logical) bytes, and the bytes
+    /// the device completed meanwhile.
+    fn add(&mut self, ns: u64, waits: (u64, u64), codec_ns: u64, bytes: (usize, usize), done: u64) {
         self.ns += ns;
-        self.wait_ns += wait_ns.min(ns);
+        self.wait_ns += waits.0.min(ns);
+        self.aside_ns += waits.1;
         self.codec_ns += codec_ns;
         self.physical += bytes.0 as u64;
         self.logical += bytes.1 as u64;
@@ -471,7 +495,7 @@ impl Window {
             cost.device_ns_per_byte = cost.device_ns_per_byte.min(wall);
         }
         cost.device_bound = bound;
-        let own = w.ns.saturating_sub(w.wait_ns).saturating_sub(w.codec_ns);
+        let own = w.ns.saturating_sub(w.wait_ns).saturating_sub(w.aside_ns);
         cost.producer_ns_per_byte = own as f64 / w.logical as f64;
         let device = w.logical as f64 * cost.device_ns_per_byte;
         let raw_wait = (device - own as f64).max(w.wait_ns as f64);

@@ -41,8 +41,9 @@ fn auto_stores_raw_when_the_writer_never_waits_for_the_device() {
         wait_ns_per_byte: 0.5,
         device_bound: false,
     };
-    // The device is 0.5 ns/byte slower than the producer: 32.8 us over 64 KiB. lz4 (20 us)
-    // pays, zstd (200 us) makes the writer slower than the device by more than that.
+    // The device is 0.5 ns/byte slower than the producer: 32.8 us over 64 KiB. lz4 (20 us,
+    // beside the producer) saves it all; zstd saves no more (the producer is then the slowest
+    // stage either way): lz4, the cheaper.
     assert_eq!(
         p.choose(
             65536,
@@ -179,16 +180,22 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
         },
         "the device is no bottleneck until seen"
     );
-    // Three blocks of 1,000 physical bytes from 2,000 logical: 10 us each, waits of 0, 0
-    // and 24 us (a burst, capped at its block's wall time), 3 us of codec in all. The
-    // writer waited a third of the time: the device costs 10 ns per physical byte; the
-    // producer's own time is 30 - 10 - 3 = 17 us over 6,000 bytes. Stored raw, the writer
-    // would have waited its 10 us, its 3 us of codec, and 10 us for each of the 3,000
-    // bytes the codec saved: 43 us over 6,000 logical bytes.
+    // Three blocks of 1,000 physical bytes from 2,000 logical: 10 us each, waits for the
+    // device of 0, 0 and 24 us (a burst, capped at its block's wall time), 3 us aside in all
+    // (waiting for compressions, choosing codecs), and 6 us compressing on the codec pool,
+    // which is not the writer's time. The writer waited a third of the time: the device
+    // costs 10 ns per physical byte; the producer's own time is 30 - 10 - 3 = 17 us over
+    // 6,000 bytes. Stored raw, the writer would have waited its 10 us, its 3 us aside, and
+    // 10 us for each of the 3,000 bytes the codec saved: 43 us over 6,000 logical bytes.
     for wait in [0, 0, 24_000] {
-        c.window.add(10_000, wait, 1_000, (1000, 2000), 1000);
+        c.window
+            .add(10_000, (wait, 1_000), 2_000, (1000, 2000), 1000);
     }
     let got = c.cost();
+    assert_eq!(
+        c.sustained_ns_per_byte, 1.0,
+        "the codec's 6 us over 6,000 bytes"
+    );
     assert!(got.device_bound);
     assert_eq!(got.device_ns_per_byte, 10.0);
     assert!((got.wait_ns_per_byte - 43.0 / 6.0).abs() < 1e-9, "{got:?}");
@@ -202,19 +209,19 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     // up, so it costs at most the wall time per physical byte (4 here); a slower window
     // without waits leaves it as it was.
     for _ in 0..3 {
-        c.window.add(4_000, 0, 0, (1000, 1000), 1000);
+        c.window.add(4_000, (0, 0), 0, (1000, 1000), 1000);
     }
     let got = c.cost();
     assert_eq!(got.device_ns_per_byte, 4.0);
     assert!(!got.device_bound);
     assert_eq!(got.wait_ns_per_byte, 0.0);
     for _ in 0..3 {
-        c.window.add(50_000, 1_000, 0, (1000, 1000), 1000);
+        c.window.add(50_000, (1_000, 0), 0, (1000, 1000), 1000);
     }
     let got = c.cost();
     assert_eq!(got.device_ns_per_byte, 4.0, "waited 2%: not device-bound");
     assert!((got.wait_ns_per_byte - 1.0).abs() < 1e-9, "{got:?}");
-    c.window.add(50_000, 10_000, 0, (1000, 1000), 1000);
+    c.window.add(50_000, (10_000, 0), 0, (1000, 1000), 1000);
     assert_eq!(
         c.cost().device_ns_per_byte,
         50.0,
@@ -223,7 +230,7 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     // Two quick blocks without a wait (no more than the queue holds): they may have gone into
     // a queue earlier blocks left part-empty, and say nothing of the device.
     for _ in 0..2 {
-        c.window.add(2_000, 0, 0, (1000, 1000), 1000);
+        c.window.add(2_000, (0, 0), 0, (1000, 1000), 1000);
     }
     let got = c.cost();
     assert_eq!(got.device_ns_per_byte, 50.0);
@@ -235,36 +242,41 @@ fn the_costs_are_measured_over_the_blocks_since_the_last_trial() {
     // Just after a switch to a codec, the writer waits for the raw blocks queued before it:
     // the device completes more bytes than the writer writes, and its cost is the wall time
     // per byte it completed (10 us for 4,000 bytes), not per byte written (10 us for 1,000).
-    c.window.add(10_000, 5_000, 0, (1000, 2000), 4000);
+    c.window.add(10_000, (5_000, 0), 0, (1000, 2000), 4000);
     let got = c.cost();
     assert!(got.device_bound);
     assert_eq!(got.device_ns_per_byte, 2.5);
-    // Compressed and CPU-bound (no wait): raw would have had the device take 2,000 bytes at
-    // 2.5 ns (5 us) beyond the writer's own 4 us: 1 us over 2,000 logical bytes.
-    c.window.add(10_000, 0, 6_000, (1000, 2000), 1000);
+    // Compressed and held back by its codec (6 us waiting for compressions, none for the
+    // device): raw would have had the device take 2,000 bytes at 2.5 ns (5 us) beyond the
+    // writer's own 4 us: 1 us over 2,000 logical bytes.
+    c.window.add(10_000, (0, 6_000), 0, (1000, 2000), 1000);
     let got = c.cost();
     assert!(!got.device_bound);
     assert!((got.wait_ns_per_byte - 0.5).abs() < 1e-9, "{got:?}");
     // Raw and CPU-bound (a loaded host): its own 20 us per block is more than the device's
     // 2.5 us, and it would wait no more than it did, not at all.
     for _ in 0..3 {
-        c.window.add(20_000, 0, 0, (1000, 1000), 1000);
+        c.window.add(20_000, (0, 0), 0, (1000, 1000), 1000);
     }
     let got = c.cost();
     assert_eq!(got.device_ns_per_byte, 2.5);
     assert_eq!(got.wait_ns_per_byte, 0.0);
     // observe() feeds the window from the wall time between blocks and the waits counted.
+    // A block's pick (on the writer's thread) and the waits for compressions are aside; its
+    // compression (on the codec pool) is the codec's time.
     let mut d = CodecState::new(Compression::Auto, 2);
-    d.observe(1000, 2000, 7);
+    d.observe(1000, 2000, 3, 7);
     d.waited_ns = 5;
-    d.observe(1000, 3000, 9);
-    assert_eq!(d.waited_ns, 0);
+    d.stalled_ns = 4;
+    d.observe(1000, 3000, 2, 9);
+    assert_eq!((d.waited_ns, d.stalled_ns), (0, 0));
     assert_eq!(
         (d.window.physical, d.window.logical, d.window.codec_ns),
         (1000, 3000, 9),
         "the first block only starts the clock"
     );
     assert_eq!(d.window.wait_ns, 5.min(d.window.ns));
+    assert_eq!(d.window.aside_ns, 4 + 2);
 }
 
 #[test]
@@ -272,7 +284,7 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
     let mut p = AutoPolicy::new();
     // A 100 MB/s device (10 ns/byte), a producer at 1 ns/byte: raw takes 655 us per 64 KiB.
     // lz4: 200 us to 30 KiB (device 307 us): gain 348 us. zstd: 700 us to 18 KiB: the
-    // writer is CPU-bound at 765 us, slower than raw: no gain. lz4.
+    // codec is the slowest stage at 700 us, slower than raw: no gain. lz4.
     let cost = DeviceCost {
         device_ns_per_byte: 10.0,
         producer_ns_per_byte: 1.0,
@@ -283,13 +295,28 @@ fn a_writer_that_compresses_until_cpu_bound_keeps_the_codec_that_stays_fastest()
         p.choose(65536, Some((30720, 200_000)), Some((18432, 700_000)), cost),
         Codec::Lz4
     );
-    // zstd within 10% of lz4's gain: lz4, the cheaper one.
+    // zstd within 10% of lz4's gain (290 us to 18 KiB: gain 365 us): lz4, the cheaper one.
     while p.next_block().is_some() {}
     let g = |out, ns| AutoPolicy::gain(65536, Some((out, ns)), cost).unwrap();
-    assert!(g(18432, 230_000) > g(30720, 200_000));
-    assert!(g(18432, 230_000) < 1.1 * g(30720, 200_000));
+    assert!(g(18432, 290_000) > g(30720, 200_000));
+    assert!(g(18432, 290_000) < 1.1 * g(30720, 200_000));
     assert_eq!(
-        p.choose(65536, Some((30720, 200_000)), Some((18432, 230_000)), cost),
+        p.choose(65536, Some((30720, 200_000)), Some((18432, 290_000)), cost),
+        Codec::Lz4
+    );
+    // The codec runs beside the producer, not on its time: a producer at 8 ns/byte waits
+    // 2 ns/byte for the device, and lz4 at 6 ns/byte saves that wait (131 us). Counted on the
+    // producer's thread (8 + 6 ns/byte), it would have made the writer slower than raw.
+    while p.next_block().is_some() {}
+    let near = DeviceCost {
+        producer_ns_per_byte: 8.0,
+        wait_ns_per_byte: 2.0,
+        ..cost
+    };
+    let gain = AutoPolicy::gain(65536, Some((30720, 400_000)), near).unwrap();
+    assert_eq!(gain, 131_072.0);
+    assert_eq!(
+        p.choose(65536, Some((30720, 400_000)), None, near),
         Codec::Lz4
     );
     // Much slower device (100 ns/byte): zstd's smaller output wins by far.
@@ -364,8 +391,13 @@ fn a_kept_codecs_trial_costs_no_less_than_the_window_sustained() {
     // Eight blocks with zstd kept: 8 MiB logical, 24 ms compressing (3 ns per byte, as a
     // writer sharing its CPU saw); its 64 KiB trial took 50 us in a burst.
     c.auto.keep(Codec::Zstd(1));
-    c.window
-        .add(40_000_000, 0, 3 * (8 << 20), (2 << 20, 8 << 20), 2 << 20);
+    c.window.add(
+        40_000_000,
+        (0, 0),
+        3 * (8 << 20),
+        (2 << 20, 8 << 20),
+        2 << 20,
+    );
     c.cost();
     let z = c.sustained(Codec::Zstd(1), Some((18_000, 50_000)), 65536);
     assert_eq!(z, Some((18_000, 196_608)), "3 ns/byte over the sample");
@@ -407,12 +439,12 @@ fn a_back_off_taken_while_the_writer_did_not_wait_ends_when_it_waits() {
     assert_eq!(c.auto.backoff, AUTO_MAX_NOT_NOW);
     // Blocks that did not wait keep the back-off; the first one after which the writer has
     // waited a tenth of the window's time ends it: the next block gets a trial.
-    c.observe(1 << 20, 1 << 20, 0);
-    c.observe(1 << 20, 1 << 20, 0);
+    c.observe(1 << 20, 1 << 20, 0, 0);
+    c.observe(1 << 20, 1 << 20, 0, 0);
     assert_eq!(c.auto.next_block(), Some(Codec::Raw));
     std::thread::sleep(std::time::Duration::from_millis(2));
     c.waited_ns = 1_900_000;
-    c.observe(1 << 20, 1 << 20, 0);
+    c.observe(1 << 20, 1 << 20, 0, 0);
     assert_eq!(
         c.auto.next_block(),
         None,

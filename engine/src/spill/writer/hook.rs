@@ -14,8 +14,9 @@ use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::stage::Queued;
 use crate::cleanup::delete_segments;
-use crate::io::{OpSink, OpSlot};
+use crate::io::{Compress, CompressSink, OpSink, OpSlot};
 use crate::shared::EngineShared;
 use crate::spill::task::Member;
 use crate::store::entry::SegmentEntry;
@@ -226,13 +227,15 @@ impl WriterShared {
         let core = w.core.clone();
         // With nothing in flight the tracker is reset and kept: an I/O thread may still hold
         // it for a moment, only to drop it (a completion's last steps, `notify_all` and the
-        // waker it took, touch no state the reset clears). With writes still in flight (a
-        // writer dropped mid-write) they will complete into it: the spare gets a new one.
+        // waker it took, touch no state the reset clears). With writes or compressions still
+        // in flight (a writer dropped mid-write) they will complete into it: the spare gets a
+        // new one. Its codec stage is empty (written, or given up) and keeps its slots.
         let tracker = {
             let mut st = w.tracker.st.lock();
-            if st.inflight == 0 {
+            if st.inflight == 0 && st.compressing == 0 {
                 st.error = None;
                 st.waker = None;
+                st.closed = false;
                 None
             } else {
                 Some(Arc::default())
@@ -252,6 +255,32 @@ impl WriterShared {
 impl OpSink for Tracker {
     fn complete(&self, token: u64, res: io::Result<usize>) {
         self.op_done(token, res);
+    }
+}
+
+impl CompressSink for Tracker {
+    /// A buffer of the writer's codec stage comes back from the codec pool: into its slot, to
+    /// be written in order (the writer is woken), or dropped (back to the buffer pool) if the
+    /// writer gave its stage up.
+    fn compressed(&self, job: Compress) {
+        let (waker, dropped) = {
+            let mut s = self.st.lock();
+            let s = &mut *s;
+            s.compressing -= 1;
+            let n = s.stage.len().max(1);
+            match s.stage.get_mut(job.seq as usize % n) {
+                Some(Some(q)) if !s.closed => {
+                    q.done = Some(job);
+                    (s.waker.take(), None)
+                }
+                _ => (None, Some(job)),
+            }
+        };
+        drop(dropped);
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 }
 
@@ -296,7 +325,8 @@ impl Member for WriterShared {
     }
 }
 
-/// In-flight write accounting: completions arrive here from an I/O thread.
+/// In-flight write accounting: completions arrive here from an I/O thread, and compressed
+/// buffers of the writer's codec stage (`stage.rs`) from the codec pool.
 #[derive(Default)]
 pub(super) struct Tracker {
     pub(super) st: Mutex<TrackState>,
@@ -312,6 +342,14 @@ pub(super) struct TrackState {
     /// First failure: the segment it hit and the OS error.
     pub(super) error: Option<(u32, io::Error)>,
     pub(super) waker: Option<Waker>,
+    /// Compressions handed to the codec pool and not back yet.
+    pub(super) compressing: usize,
+    /// The codec stage's buffers, by their number modulo `queue_depth` (the slots, made at
+    /// the first use, are kept with the tracker).
+    pub(super) stage: Vec<Option<Queued>>,
+    /// The writer gave its stage up (failed, cancelled, dropped): compressions coming back
+    /// drop their buffers.
+    pub(super) closed: bool,
 }
 
 impl Tracker {
@@ -437,6 +475,69 @@ mod tests {
             (8, Some(libc::EIO)),
             "the first error wins"
         );
+    }
+
+    /// A compression comes back into its slot (number modulo the slots) and wakes the writer;
+    /// into a closed stage, or a slot not waiting for it, its buffer goes back to the pool.
+    #[test]
+    fn the_tracker_takes_compressions_back_into_their_slots_until_closed() {
+        use crate::format::block::Codec;
+        use crate::io::BufferPool;
+        let pool = BufferPool::new(4096, 0, 4, 1 << 20);
+        let held = || pool.stats().3;
+        let job = |seq| Compress {
+            buf: pool.try_get(0).unwrap(),
+            from: 0,
+            codec: Codec::Lz4,
+            nanos: 7,
+            seq,
+        };
+        let waiting = || Queued {
+            block: None,
+            pad: false,
+            last: false,
+            bound: 0,
+            done: None,
+        };
+        let t = Tracker::default();
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        {
+            let mut s = t.st.lock();
+            s.stage.resize_with(2, || None);
+            s.stage[1] = Some(waiting());
+            s.compressing = 3;
+            s.waker = Some(Waker::from(woken.clone()));
+        }
+        t.compressed(job(5));
+        {
+            let s = t.st.lock();
+            assert_eq!(s.compressing, 2);
+            let back = s.stage[1].as_ref().and_then(|q| q.done.as_ref());
+            assert_eq!(
+                back.map(|d| (d.seq, d.nanos)),
+                Some((5, 7)),
+                "in slot 5 % 2"
+            );
+            assert!(s.stage[0].is_none());
+            assert!(s.waker.is_none(), "the waker is taken");
+        }
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "the writer is woken");
+        assert_eq!(held(), 4096, "the buffer waits in its slot");
+        t.compressed(job(4));
+        assert_eq!(t.st.lock().compressing, 1);
+        assert_eq!(
+            held(),
+            4096,
+            "slot 0 waits for nothing: its buffer is dropped"
+        );
+        t.st.lock().closed = true;
+        t.st.lock().stage[0] = Some(waiting());
+        t.compressed(job(2));
+        let s = t.st.lock();
+        assert_eq!(s.compressing, 0);
+        assert!(s.stage[0].as_ref().is_some_and(|q| q.done.is_none()));
+        assert_eq!(held(), 4096, "a closed stage drops what comes back");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
     }
 
     /// `wait_idle` returns at once with nothing in flight, waits for the last completion,

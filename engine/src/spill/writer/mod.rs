@@ -11,7 +11,8 @@
 //!
 //! The parts: `block.rs` (the block builder: the staging buffer, framing, seals; no I/O),
 //! `sink.rs` (the segment sink: the open segment, buffers taken and written, writes in flight
-//! waited for, a segment sealed), `step.rs` (the steps that may block, as one enum, and the
+//! waited for, a segment sealed), `stage.rs` (the codec stage: blocks compressed off the
+//! writer's thread, written in order), `step.rs` (the steps that may block, as one enum, and the
 //! one helper that runs them: inline for a blocking call, on the offload pool for an async
 //! one), `place.rs` (one record through them), `hook.rs` (what other threads touch: the file
 //! list and its abort protocol, the abort hook, in-flight accounting), `rotate.rs` (opening
@@ -56,6 +57,7 @@ mod place;
 mod rotate;
 mod sink;
 mod slot;
+mod stage;
 mod step;
 mod stream;
 
@@ -123,6 +125,8 @@ pub struct SpillWriter {
     blocks: Blocks,
     /// The segment sink: the segment being written, if one is open (`sink.rs`).
     seg: Option<OpenSegment>,
+    /// The buffers queued in the codec stage, compressed off this thread (`stage.rs`).
+    stage: stage::Stage,
     /// The next segment, opened ahead of need (`rotate.rs`).
     ahead: Ahead,
     life: Life,
@@ -213,6 +217,7 @@ impl SpillWriter {
             counts: Counts::default(),
             budget: Budget::new(),
             seg: None,
+            stage: stage::Stage::default(),
             ahead: Ahead::None,
             life: Life::Open,
         })
@@ -535,6 +540,7 @@ impl SpillWriter {
     fn release_io(&mut self) {
         self.blocks.staging = None;
         self.seg = None;
+        self.close_stage();
         // A segment opened ahead is in the file list: deleted with the others (a rotation
         // still running records it, or, refused, deletes it itself).
         self.ahead = Ahead::None;

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use super::block::{
     DEFER_MIN, Fit, count_block, large_encrypted, large_prefix, large_prefix_unsealed, quota_fill,
 };
+use super::stage::Until;
 use super::{SpillWriter, Wait, drive};
 use crate::config::{Compression, DIRECT_ALIGN};
 use crate::error::Result;
@@ -56,8 +57,8 @@ enum Stage {
     Vectored { prefix: [u8; LARGE_PREFIX_LEN] },
     /// A block of its own, placed (its bytes staged, or its write submitted): counted next.
     Placed,
-    /// Compressed in chunks, each a block of its own sealed as a buffer is (`Blocks::seal`):
-    /// `done` bytes of frame + record placed.
+    /// Compressed in chunks, each a block of its own, compressed and sealed as a buffer's
+    /// block is (the codec stage, `stage.rs`): `done` bytes of frame + record placed.
     Chunks { done: usize },
 }
 
@@ -127,6 +128,8 @@ impl SpillWriter {
                 Stage::Own { vectored } => {
                     let vectored = *vectored;
                     ready_ok!(self.seal_open_block(wait));
+                    // Its prefix binds its offset: exact once the codec stage is written.
+                    ready_ok!(self.poll_written(false, wait));
                     let Some(at) = self.seg.as_ref().map(|s| s.at()) else {
                         // No segment open (it cannot be, once planned): plan again.
                         p.stage = Stage::New { vectored };
@@ -177,6 +180,7 @@ impl SpillWriter {
                 Stage::Vectored { prefix } => {
                     let prefix = *prefix;
                     ready_ok!(self.flush_staging(wait, false));
+                    ready_ok!(self.poll_written(false, wait));
                     ready_ok!(self.poll_slot(wait));
                     let need = (LARGE_PREFIX_LEN + len) as u64;
                     let end = self.offset() + need;
@@ -317,6 +321,7 @@ impl SpillWriter {
         wait: &mut Wait<'_, '_>,
     ) -> Poll<Result<()>> {
         ready_ok!(self.seal_open_block(wait));
+        ready_ok!(self.poll_written(false, wait));
         let Some(at) = self.seg.as_ref().map(|s| s.at()) else {
             // No segment open: the caller plans first.
             return Poll::Ready(Ok(()));
@@ -372,9 +377,16 @@ impl SpillWriter {
     /// Makes sure a segment with room for `need` more bytes is open: seals the current one if
     /// the record would pass the segment size (unless it is the segment's first record).
     pub(super) fn plan(&mut self, need: u64, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let offset = self.offset();
-        if self.seg.is_some() && offset + need > self.ctx.segment_size && offset > HEADER_LEN as u64
-        {
+        let full = |w: &Self| {
+            let offset = w.offset();
+            w.seg.is_some() && offset + need > w.ctx.segment_size && offset > HEADER_LEN as u64
+        };
+        if full(self) && self.stage.queued() > 0 {
+            // The offset is an upper bound while buffers are queued in the codec stage: the
+            // record may fit once they are compressed and written (segments stay full).
+            ready_ok!(self.poll_until(Until::Fits(need), wait));
+        }
+        if full(self) {
             ready_ok!(self.seal_with(wait, false));
         }
         let Some(seg) = &self.seg else {

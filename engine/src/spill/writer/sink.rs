@@ -7,16 +7,16 @@
 use std::io;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
 
 use super::alloc::{next_step, trimmed_len};
 use super::block::{At, open_block};
+use super::stage::Until;
 use super::step::Step;
 use super::{SpillWriter, Wait};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
 use crate::format::block::{BLOCK_HEADER_LEN, Binding};
-use crate::io::{CachedFile, FileHandle, NoBuffer, Op, OpKind, Refused, Taken, WriteData};
+use crate::io::{CachedFile, FileHandle, IoBuf, NoBuffer, Op, OpKind, Refused, Taken, WriteData};
 use crate::metrics::Counters;
 use crate::store::entry::SegmentEntry;
 use crate::store::roots::RootUse;
@@ -62,10 +62,13 @@ impl OpenSegment {
 }
 
 impl SpillWriter {
-    /// The open segment's length so far (header included): the next record's offset. 0 with
-    /// no segment open.
+    /// The open segment's length so far (header included): the next record's offset; with
+    /// buffers in the codec stage, the most it can be (exact once the stage is empty:
+    /// `Until::Written`). 0 with no segment open.
     pub(super) fn offset(&self) -> u64 {
-        self.seg.as_ref().map_or(0, |s| s.written) + self.blocks.staged() as u64
+        self.seg.as_ref().map_or(0, |s| s.written)
+            + self.stage.bound()
+            + self.blocks.staged() as u64
     }
 
     /// Takes a staging buffer under the engine's buffer budget (`io/buf.rs`): waits while the
@@ -97,6 +100,12 @@ impl SpillWriter {
                 // The map, the unmaps that made room for it and the first touch of its pages:
                 // a step (on the offload pool for an async writer).
                 Ok(Taken::Map(m)) => return self.run_step(Step::Map(m), wait),
+                // The writer's own queued buffers come back only once it writes them.
+                Err(NoBuffer::Wait { .. } | NoBuffer::Exhausted { .. })
+                    if self.stage.queued() > 0 =>
+                {
+                    ready_ok!(self.poll_written(false, wait));
+                }
                 Err(NoBuffer::Wait { epoch }) => match wait {
                     Wait::Block => pool.wait_returned(epoch),
                     Wait::Async(cx, _) => {
@@ -125,54 +134,18 @@ impl SpillWriter {
         Poll::Ready(Ok(()))
     }
 
-    /// Waits until this writer may have one more write in flight. Reports an earlier write's
-    /// failure.
+    /// Waits until this writer may have one more write in flight (or buffer queued in its
+    /// codec stage). Reports an earlier write's failure.
     pub(super) fn poll_slot(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let depth = self.ctx.queue_depth;
-        self.poll_inflight_below(depth, wait)
+        self.poll_until(Until::Below(self.ctx.queue_depth), wait)
     }
 
-    /// Waits until nothing of this writer is in flight.
+    /// Waits until nothing of this writer is in flight or queued.
     pub(super) fn poll_drained(&mut self, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        self.poll_inflight_below(1, wait)
+        self.poll_until(Until::Below(1), wait)
     }
 
-    /// Waits until fewer than `limit` writes are in flight; an abort or an earlier write's
-    /// failure ends the wait.
-    fn poll_inflight_below(&mut self, limit: usize, wait: &mut Wait<'_, '_>) -> Poll<Result<()>> {
-        let mut s = self.ctx.shared.tracker.st.lock();
-        let codec = &mut self.blocks.codec;
-        loop {
-            if self.ctx.shared.files.is_aborted() {
-                return Poll::Ready(Err(SpillError::Aborted));
-            }
-            if let Some((idx, e)) = s.error.take() {
-                drop(s);
-                return Poll::Ready(Err(self.write_error(idx, e)));
-            }
-            codec.completed = s.completed;
-            if s.inflight < limit {
-                if let Some(t) = codec.pending_since.take() {
-                    codec.waited(t);
-                }
-                return Poll::Ready(Ok(()));
-            }
-            match wait {
-                Wait::Block => {
-                    let t = Instant::now();
-                    self.ctx.shared.tracker.cv.wait(&mut s);
-                    codec.waited(t);
-                }
-                Wait::Async(cx, _) => {
-                    s.waker = Some(cx.waker().clone());
-                    codec.pending_since.get_or_insert_with(Instant::now);
-                    return Poll::Pending;
-                }
-            }
-        }
-    }
-
-    fn write_error(&self, entry_index: u32, e: io::Error) -> SpillError {
+    pub(super) fn write_error(&self, entry_index: u32, e: io::Error) -> SpillError {
         Counters::add(&self.ctx.core.counters.write_failures, 1);
         let f = self.ctx.shared.files.lock();
         let path = f
@@ -242,8 +215,9 @@ impl SpillWriter {
         Poll::Ready(Ok(()))
     }
 
-    /// Submits the staging buffer as one write. `pad` (direct mode, last write of a segment)
-    /// zero-fills it to the alignment.
+    /// Submits the staging buffer as one write (with a codec: queues it in the codec stage,
+    /// `stage.rs`). `pad` (direct mode, last write of a segment) zero-fills it to the
+    /// alignment.
     pub(super) fn flush_staging(&mut self, wait: &mut Wait<'_, '_>, pad: bool) -> Poll<Result<()>> {
         self.flush_staging_with(wait, pad, false, false)
     }
@@ -277,14 +251,14 @@ impl SpillWriter {
         let block = self.blocks.block_open();
         let pad = pad || (self.ctx.direct && block);
         ready_ok!(self.poll_slot(wait));
+        if self.has_codec() {
+            // Compressed off this thread, written in order (`stage.rs`).
+            self.enqueue(pad, sealing);
+            return self.poll_stage_ready(wait, inline);
+        }
         // The write's end (padded in direct mode) must be allocated first.
         if let (Some(b), Some(seg)) = (self.blocks.staging.as_ref(), self.seg.as_ref()) {
-            let len = if pad {
-                b.len.next_multiple_of(DIRECT_ALIGN).min(b.capacity())
-            } else {
-                b.len
-            };
-            let end = seg.written + len as u64;
+            let end = seg.written + b.write_len(pad) as u64;
             ready_ok!(self.poll_allocated(end, sealing, wait));
         }
         let file = ready_ok!(self.poll_file(wait));
@@ -294,13 +268,30 @@ impl SpillWriter {
         if block {
             self.blocks.seal(&self.ctx.core, seg.at(), pad);
         }
-        let Some(mut buf) = self.blocks.staging.take() else {
+        let Some(buf) = self.blocks.staging.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        self.write_buffer(buf, file, pad && !block, inline, wait)
+    }
+
+    /// Submits `buf`, sealed, as the open segment's next write (at its length so far); with
+    /// `inline`, when nothing of this writer is in flight, runs it on this thread instead.
+    /// `pad_end` (direct mode, the segment's end with no block to record the padding): zero
+    /// padding to the alignment, past the segment's length.
+    pub(super) fn write_buffer(
+        &mut self,
+        mut buf: IoBuf,
+        file: Arc<FileHandle>,
+        pad_end: bool,
+        inline: bool,
+        wait: &mut Wait<'_, '_>,
+    ) -> Poll<Result<()>> {
+        let Some(seg) = self.seg.as_mut() else {
             return Poll::Ready(Ok(()));
         };
         let len = buf.len;
-        if pad && !block {
-            // The segment's end: the padding is past its length.
-            let aligned = len.next_multiple_of(DIRECT_ALIGN).min(buf.capacity());
+        if pad_end {
+            let aligned = buf.write_len(true);
             buf.space()[len..aligned].fill(0);
             buf.len = aligned;
         }
@@ -345,6 +336,7 @@ impl SpillWriter {
             self.run_claimed();
         }
         ready_ok!(self.flush_staging_with(wait, direct, inline, true));
+        ready_ok!(self.poll_written(inline, wait));
         let len = self.offset();
         if let Some(seg) = self.seg.take() {
             let mut f = self.ctx.shared.files.lock();

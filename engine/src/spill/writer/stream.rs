@@ -11,6 +11,7 @@ use std::io;
 use std::task::Poll;
 use std::time::Instant;
 
+use super::stage::Until;
 use super::{SpillWriter, Wait, drive};
 use crate::config::DIRECT_ALIGN;
 use crate::error::{Result, SpillError};
@@ -104,6 +105,11 @@ impl SpillWriter {
             self.blocks.open_block();
             self.blocks.open_stream_record();
             self.count_record(0);
+        }
+        if self.offset() + data.len() as u64 > self.ctx.segment_size && self.stage.queued() > 0 {
+            // The segment's end by the codec stage's bound: the record ends there only if it
+            // is the exact end.
+            ready_ok!(self.poll_until(Until::Fits(data.len() as u64), wait));
         }
         let seg_room = self.ctx.segment_size.saturating_sub(self.offset()) as usize;
         let n = self.blocks.push_stream(data, seg_room);
