@@ -133,8 +133,6 @@ pub struct SpillWriter {
     counts: Counts,
     /// The work its async calls may do before one yields (`spill/budget.rs`).
     budget: Budget,
-    /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
-    span: tracing::Span,
 }
 
 /// What a writer holds of the engine, its scope and its configuration: also what a step
@@ -147,6 +145,8 @@ struct Ctx {
     /// The writer's id in its scope's registry.
     hook_id: u64,
     lane: usize,
+    /// The writer's `tracing` span (debug level, under its task's): segments, bytes, outcome.
+    span: tracing::Span,
     direct: bool,
     segment_size: u64,
     large: usize,
@@ -201,7 +201,6 @@ impl SpillWriter {
             segments = tracing::field::Empty, records = tracing::field::Empty,
             bytes = tracing::field::Empty, outcome = tracing::field::Empty);
         Ok(SpillWriter {
-            span,
             blocks: Blocks::new(cfg.compression, cfg.queue_depth),
             ctx: Ctx {
                 segment_size: cfg.segment_size,
@@ -212,6 +211,7 @@ impl SpillWriter {
                 shared,
                 hook_id,
                 lane,
+                span,
                 core,
             },
             counts: Counts::default(),
@@ -575,7 +575,7 @@ impl Drop for SpillWriter {
             self.delete_own_files();
             self.ctx.task.unregister(self.ctx.hook_id);
         }
-        if !self.span.is_disabled() {
+        if !self.ctx.span.is_disabled() {
             let outcome = match self.life {
                 Life::Finished => "finished",
                 Life::Aborted => "aborted",
@@ -584,11 +584,11 @@ impl Drop for SpillWriter {
             };
             // Each field once, at close (a `fmt` subscriber appends every `record`).
             let c = &self.counts;
-            self.span.record("segments", c.segments);
-            self.span.record("records", c.records);
-            self.span.record("bytes", c.bytes);
-            self.span.record("outcome", outcome);
-            tracing::debug!(parent: &self.span, segments = c.segments, records = c.records,
+            self.ctx.span.record("segments", c.segments);
+            self.ctx.span.record("records", c.records);
+            self.ctx.span.record("bytes", c.bytes);
+            self.ctx.span.record("outcome", outcome);
+            tracing::debug!(parent: &self.ctx.span, segments = c.segments, records = c.records,
                 bytes = c.bytes, outcome, "spill writer closed");
         }
         // What the writer holds of its shared part goes first, so the part can be recycled.
