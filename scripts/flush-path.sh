@@ -31,7 +31,7 @@ for line in sys.stdin:
 for f in sorted(files):
     print(f"{f}: {len(files[f])} functions: " + ", ".join(sorted(files[f]))[:300])
 # fault.rs is there only because the example, like every test, builds with the
-# fault-injection feature; an embedder's build compiles its points to nothing.
+# fault-injection feature; an embedder build compiles its points to nothing.
 n = len(files) - ("engine/src/fault.rs" in files)
-print(f"{len(files)} files; {n} without fault.rs (compiled out of an embedder's build)")
+print(f"{len(files)} files; {n} without fault.rs (compiled out of an embedder build)")
 '
