@@ -145,6 +145,25 @@ fn compression_runs_off_the_producers_thread_and_blocks_are_written_in_order(b: 
     }
 }
 
+/// Writes compressible records on a thread until a write fails; the failure comes on the
+/// channel, then the thread ends.
+fn write_until_it_fails(
+    mut w: spillring::SpillWriter,
+) -> (thread::JoinHandle<()>, mpsc::Receiver<SpillError>) {
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let mut i = 0;
+        let err = loop {
+            if let Err(e) = w.write_slice(&compressible(i, 1000)) {
+                break e;
+            }
+            i += 1;
+        };
+        tx.send(err).unwrap();
+    });
+    (h, rx)
+}
+
 /// A writer blocked on its queue (depth 2) behind a held compression: the scope's cancel
 /// wakes it and it returns `Aborted` while the compression is still held. Released, the
 /// compressed buffer goes back to the pool: nothing is sealed or written after the cancel,
@@ -159,18 +178,7 @@ fn a_cancel_while_a_compression_is_held_gives_its_buffers_back_and_writes_nothin
     let task = engine.task("cancel").unwrap();
     let pause = plan.pause_once(FaultPoint::CodecCompress);
     let dog = Watchdog::new(&pause, T);
-    let mut w = task.writer().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let mut i = 0;
-        let err = loop {
-            if let Err(e) = w.write_slice(&compressible(i, 1000)) {
-                break e;
-            }
-            i += 1;
-        };
-        tx.send(err).unwrap();
-    });
+    let (h, rx) = write_until_it_fails(task.writer().unwrap());
     assert!(pause.wait_reached(T));
     // The writer fills the next buffers and waits for the held one.
     thread::sleep(Duration::from_millis(50));
@@ -250,18 +258,7 @@ fn a_write_failure_with_compressions_pending_fails_the_writer(b: BackendKind) {
         Trigger::After { skip: 1, times: 1 },
     );
     let dog = Watchdog::new(&pause, T);
-    let mut w = task.writer().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let mut i = 0;
-        let err = loop {
-            if let Err(e) = w.write_slice(&compressible(i, 1000)) {
-                break e;
-            }
-            i += 1;
-        };
-        tx.send(err).unwrap();
-    });
+    let (h, rx) = write_until_it_fails(task.writer().unwrap());
     assert!(pause.wait_reached(T), "the second compression is held");
     let err = rx.recv_timeout(T).expect("the writer failed while held");
     h.join().unwrap();
