@@ -18,18 +18,8 @@ if [[ ${1:-} == --build ]]; then
     git -C "$repo" worktree add -q --detach "$wt" "$rev"
     mkdir -p "$dest"
     for b in hot_path throughput; do
-        exe=$(cd "$wt" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target/ab} \
-            cargo bench -p spillring-benches --bench "$b" --no-run --message-format=json 2>/dev/null |
-            python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == sys.argv[1] and m.get("executable"):
-        print(m["executable"])
-' "$b")
+        exe=$(CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target/ab} \
+            "$repo/scripts/bench-exe.sh" "$b" "$wt" || true)
         [[ -n $exe ]] || { echo "ab-pairs.sh: could not build $b at $rev" >&2; exit 1; }
         cp "$exe" "$dest/$b"
     done
