@@ -269,11 +269,22 @@ fn a_sweep_stopped_by_shutdown_is_left_for_the_next_open_not_failed(b: BackendKi
     dead_engine(dir.path(), FILES);
     let plan = FaultPlan::new(24);
     let take = plan.pause_once(FaultPoint::CleanupTake);
-    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan)).unwrap();
+    // A slow sweep (about 0.4 s for the tree), so that it is surely part way when stopped,
+    // however loaded the machine (a fixed 5 ms sleep found it not started under load).
+    plan.arm(
+        FaultPoint::SweepUnlink,
+        spillring::FaultAction::Delay(Duration::from_micros(200)),
+        spillring::Trigger::Always,
+    );
+    let engine = Engine::open(cfg(dir.path(), b).fault_plan(plan.clone())).unwrap();
     assert!(take.wait_reached(T));
     take.release();
     // Let the sweep start, then stop it part way.
-    std::thread::sleep(Duration::from_millis(5));
+    let started = std::time::Instant::now();
+    while plan.reached(FaultPoint::SweepUnlink) < 10 {
+        assert!(started.elapsed() < T, "the sweep did not start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let report = engine.shutdown(Duration::ZERO);
     let left = files_under(dir.path()).len();
     eprintln!("{left} of {FILES} files left");
