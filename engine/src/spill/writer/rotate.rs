@@ -252,7 +252,11 @@ impl SpillWriter {
             generation: o.generation,
             segment: o.seg,
             engine: self.ctx.core.id,
-            _root_use: o.root_use,
+            root_use: {
+                let mut u = o.root_use;
+                u.start();
+                u
+            },
         });
     }
 }

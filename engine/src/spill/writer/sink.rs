@@ -43,8 +43,9 @@ pub(super) struct OpenSegment {
     /// The engine's id (its segment header's; bound into every block's checksum too: two
     /// engines number their segments alike).
     pub(super) engine: u64,
-    /// Counts it as being written on its root until the segment is sealed or dropped.
-    pub(super) _root_use: RootUse,
+    /// Counts it as being written on its root until the segment is sealed or dropped; a seal
+    /// measures the root's rate with it.
+    pub(super) root_use: RootUse,
 }
 
 impl OpenSegment {
@@ -339,6 +340,7 @@ impl SpillWriter {
         ready_ok!(self.poll_written(inline, wait));
         let len = self.offset();
         if let Some(seg) = self.seg.take() {
+            seg.root_use.sealed(len);
             let mut f = self.ctx.shared.files.lock();
             if let Some(e) = f.entries.get_mut(seg.entry_index) {
                 e.len = len;
