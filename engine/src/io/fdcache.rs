@@ -296,6 +296,12 @@ impl Clock {
         if let Some(moved) = self.slots.get(i) {
             moved.index.store(i, Ordering::Relaxed);
         }
+        // A burst of open fds (thousands of released segments whose unlinks are pending)
+        // grows the list; it is given back as they close, not kept at its high-water mark.
+        let cap = self.slots.capacity();
+        if cap > SPARE_SLOTS && self.slots.len() < cap / 4 {
+            self.slots.shrink_to(cap / 2);
+        }
     }
 }
 
@@ -418,6 +424,21 @@ mod tests {
         drop((a, b, c));
         assert_eq!(cache.open_count(), 0);
         assert!(cache.clock.lock().slots.is_empty());
+    }
+
+    /// A burst of cached fds grows the clock list; closing them gives its capacity back.
+    #[test]
+    fn the_clock_list_shrinks_after_a_burst() {
+        // 600 fds: under a soft RLIMIT_NOFILE of 1,024 with the test harness's own.
+        let cache = FdCache::new(600);
+        let files: Vec<_> = (0..600).map(|_| cached(&cache)).collect();
+        assert!(cache.clock.lock().slots.capacity() >= 600);
+        drop(files);
+        let cap = cache.clock.lock().slots.capacity();
+        assert!(
+            cap <= 2 * SPARE_SLOTS,
+            "capacity {cap} kept after the burst"
+        );
     }
 
     #[test]

@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+/// Marks a burst's high-water capacity is shrunk back to (as the batches end).
+const KEEP_MARKS: usize = 64;
+
 /// Delete batches numbered in the order they are queued; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct DeleteMarks {
@@ -46,6 +49,11 @@ impl DeleteMarks {
             m.done.pop_front();
             m.base += 1;
         }
+        // Grown by a burst of batches in flight; given back as they end.
+        let cap = m.done.capacity();
+        if cap > KEEP_MARKS && m.done.len() < cap / 4 {
+            m.done.shrink_to(cap / 2);
+        }
         if m.base != before {
             self.cv.notify_all();
         }
@@ -73,6 +81,19 @@ impl DeleteMarks {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A burst of batches in flight grows the marks; their ends give the capacity back.
+    #[test]
+    fn the_marks_shrink_after_a_burst() {
+        let marks = DeleteMarks::default();
+        let seqs: Vec<u64> = (0..4096).map(|_| marks.begin()).collect();
+        assert!(marks.inner.lock().done.capacity() >= 4096);
+        for s in seqs {
+            marks.end(s);
+        }
+        let cap = marks.inner.lock().done.capacity();
+        assert!(cap <= 2 * KEEP_MARKS, "capacity {cap} kept after the burst");
+    }
 
     /// A mark is reached only when every batch queued before it ended, in any order, and
     /// batches queued after it do not hold it back.

@@ -11,9 +11,9 @@
 //! Placement: a new segment goes to the healthy root where it would finish first
 //! ([`Roots::pick`]): the fewest segments being written, each root's count weighed by how fast
 //! it wrote its last segments (ties in turn). A writer holds its open segment's [`RootUse`],
-//! which counts it while it is written and, when it is sealed, measures the root: the bytes
-//! over the time the segment was being written, times the segments written there meanwhile
-//! (on a device-bound root, the device's rate). Only a root clearly slower than the fastest
+//! which counts it while it is written and measures the root as its writes go out: each 8 MiB
+//! handed to writes over their time, times the segments written there meanwhile (on a
+//! device-bound root, the device's rate). Only a root clearly slower than the fastest
 //! (under [`SLOW_SHARE`] of its rate) is weighed down, so roots of like speed (and every root
 //! while the producers, not the devices, set the pace) keep placement by count. A rate is
 //! forgotten [`RATE_TTL`] after its last measure, so a root weighed down gets a segment again
@@ -62,7 +62,7 @@ pub(crate) struct Roots {
 pub(crate) const SLOW_SHARE: f64 = 0.5;
 /// How long a root's measured rate counts.
 pub(crate) const RATE_TTL: Duration = Duration::from_secs(30);
-/// A segment sealed with fewer bytes does not measure its root (too short a time to say).
+/// Bytes of a segment per measure of its root.
 const RATE_MIN_BYTES: u64 = 8 << 20;
 /// Weight of a new measure in a root's rate.
 const RATE_NEW: f64 = 0.5;
@@ -140,8 +140,9 @@ impl Load {
 pub(crate) struct RootUse {
     load: Arc<Load>,
     root: usize,
-    /// When its first write was placed, and the segments being written on its root then.
-    started: Option<(Instant, usize)>,
+    /// Where the current measure began: when, the segments being written on the root then,
+    /// and the segment's bytes handed to writes then. `None` until the segment is started.
+    window: Option<(Instant, usize, u64)>,
 }
 
 impl RootUse {
@@ -149,23 +150,29 @@ impl RootUse {
     /// waits before this).
     pub(crate) fn start(&mut self) {
         let writing = self.load.writing[self.root].load(Ordering::Relaxed);
-        self.started = Some((Instant::now(), writing));
+        self.window = Some((Instant::now(), writing, 0));
     }
 
-    /// The segment was sealed with `bytes` written, all of them completed: measures its root.
-    pub(crate) fn sealed(&self, bytes: u64) {
-        let Some((t0, w0)) = self.started else {
+    /// `written` bytes of the segment are handed to writes: each [`RATE_MIN_BYTES`] measure
+    /// the root, the bytes over their time times the segments written there meanwhile. The
+    /// first window is not measured: it fills the writer's queue of writes at once, whatever
+    /// the device (after it, a write is handed over as one completes).
+    pub(crate) fn progress(&mut self, written: u64) {
+        let Some((t0, w0, from)) = self.window else {
             return;
         };
-        let now = Instant::now();
-        let secs = now.saturating_duration_since(t0).as_secs_f64();
-        if bytes < RATE_MIN_BYTES || secs <= 0.0 {
+        if written < from + RATE_MIN_BYTES {
             return;
         }
+        let now = Instant::now();
         let w1 = self.load.writing[self.root].load(Ordering::Relaxed);
-        let sharing = ((w0 + w1) as f64 / 2.0).max(1.0);
-        self.load
-            .measured(self.root, bytes as f64 / secs * sharing, now);
+        let secs = now.saturating_duration_since(t0).as_secs_f64();
+        if from > 0 && secs > 0.0 {
+            let sharing = ((w0 + w1) as f64 / 2.0).max(1.0);
+            let rate = (written - from) as f64 / secs * sharing;
+            self.load.measured(self.root, rate, now);
+        }
+        self.window = Some((now, w1, written));
     }
 }
 
@@ -236,7 +243,7 @@ impl Roots {
         RootUse {
             load: self.load.clone(),
             root,
-            started: None,
+            window: None,
         }
     }
 
@@ -309,7 +316,7 @@ mod tests {
             held.push_back(RootUse {
                 load: load.clone(),
                 root,
-                started: None,
+                window: None,
             });
         }
         count
@@ -365,29 +372,37 @@ mod tests {
         assert_eq!(load.pick(1, later, |_| true), 1, "ties in turn again");
     }
 
-    /// A measure is the bytes over the time written, times the segments sharing the root;
-    /// a short segment does not measure; the rate moves halfway to each new measure.
+    /// A measure is a window's bytes over its time, times the segments sharing the root;
+    /// the first window (the queue's fill) is not measured, nor a window under
+    /// `RATE_MIN_BYTES`; the rate moves halfway to each new measure.
     #[test]
-    fn a_sealed_segment_measures_its_root() {
+    fn a_segment_being_written_measures_its_root() {
         let load = Arc::new(Load::new(2));
         let mut u = RootUse {
             load: load.clone(),
             root: 1,
-            started: None,
+            window: None,
         };
-        u.sealed(RATE_MIN_BYTES);
+        u.progress(RATE_MIN_BYTES);
         assert_eq!(
             load.rate(1, Instant::now()),
             None,
             "not started: no measure"
         );
+        u.start();
+        u.progress(RATE_MIN_BYTES);
+        assert_eq!(
+            load.rate(1, Instant::now()),
+            None,
+            "the first window: no measure"
+        );
         load.writing[1].store(2, Ordering::Relaxed);
-        u.started = Some((Instant::now() - Duration::from_secs(1), 2));
-        u.sealed(RATE_MIN_BYTES - 1);
+        u.window = Some((Instant::now() - Duration::from_secs(1), 2, RATE_MIN_BYTES));
+        u.progress(2 * RATE_MIN_BYTES - 1);
         assert_eq!(load.rate(1, Instant::now()), None, "too short to measure");
-        u.sealed(64 << 20);
+        u.progress(3 * RATE_MIN_BYTES);
         let r = load.rate(1, Instant::now()).unwrap_or(0.0);
-        let want = (64 << 20) as f64 * 2.0;
+        let want = (2 * RATE_MIN_BYTES) as f64 * 2.0;
         assert!((r / want - 1.0).abs() < 0.05, "{r} vs {want}");
         load.measured(1, 0.0, Instant::now());
         let half = load.rate(1, Instant::now()).unwrap_or(0.0);

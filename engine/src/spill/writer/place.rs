@@ -192,6 +192,7 @@ impl SpillWriter {
                     };
                     let offset = seg.written + self.blocks.staged() as u64;
                     seg.written = offset + need;
+                    seg.root_use.progress(seg.written);
                     let op = Op {
                         kind: OpKind::Write {
                             file,

@@ -43,8 +43,8 @@ pub(super) struct OpenSegment {
     /// The engine's id (its segment header's; bound into every block's checksum too: two
     /// engines number their segments alike).
     pub(super) engine: u64,
-    /// Counts it as being written on its root until the segment is sealed or dropped; a seal
-    /// measures the root's rate with it.
+    /// Counts it as being written on its root until the segment is sealed or dropped, and
+    /// measures the root's rate as its writes go out.
     pub(super) root_use: RootUse,
 }
 
@@ -298,6 +298,7 @@ impl SpillWriter {
         }
         let offset = seg.written;
         seg.written += len as u64;
+        seg.root_use.progress(seg.written);
         // For the scope's usage: what the open segment holds (issue 25).
         self.ctx
             .shared
@@ -340,7 +341,6 @@ impl SpillWriter {
         ready_ok!(self.poll_written(inline, wait));
         let len = self.offset();
         if let Some(seg) = self.seg.take() {
-            seg.root_use.sealed(len);
             let mut f = self.ctx.shared.files.lock();
             if let Some(e) = f.entries.get_mut(seg.entry_index) {
                 e.len = len;
