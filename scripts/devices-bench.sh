@@ -11,7 +11,10 @@
 #   codec    (issue 26) one device at --codec-mbps MB/s (default 200): `Auto` against `None`
 #            on lineitem rows and on random 1 MiB records, direct mode, 2 writers; and the same
 #            random pair on the fast disk (the root under $SPILLRING_BENCH_ROOT or /var/tmp,
-#            not throttled). Each pair's order alternates.
+#            not throttled). Each pair's order alternates. The device's filesystem is
+#            --codec-size-gib (default 16, a sparse image): with room to spare, `Auto` chooses
+#            for time (the device's speed); on a small one (--codec-size-gib 3: a 1 GiB spill
+#            is a third of it) its space policy engages too (spill/writer/codec.rs).
 #   quota    (issue 26) lineitem rows with `Auto` under a quota (max_spill_bytes) of half
 #            their logical bytes, on the fast disk, --pairs runs: does the spill fit, and in
 #            how much of its logical size.
@@ -24,7 +27,7 @@
 #
 # Usage: scripts/devices-bench.sh [--section devices|codec|quota|mixed|all] [--pairs N (>= 5)]
 #                                 [--mbps M] [--slow-mbps M] [--codec-mbps M]
-#                                 [--gib-per-device G] [--counts "1 2 4"] [--quick]
+#                                 [--gib-per-device G] [--codec-size-gib G] [--counts "1 2 4"] [--quick]
 #                                 [--baseline-exe PATH] [--out DIR]
 #   --quick: 3 pairs of 256 MiB per device (a smoke run; its medians are not a report).
 # Writes DIR/devices.json and DIR/DEVICES.md (DIR defaults to results/). Needs root (the rig);
@@ -38,6 +41,7 @@ section=all
 pairs=5
 mbps=100
 codec_mbps=200
+codec_size_gib=16
 gib=1
 counts="1 2 4"
 slow_mbps=25
@@ -53,6 +57,7 @@ while [[ $# -gt 0 ]]; do
         --slow-mbps) slow_mbps=$2; shift 2 ;;
         --baseline-exe) baseline_exe=$2; shift 2 ;;
         --gib-per-device) gib=$2; shift 2 ;;
+        --codec-size-gib) codec_size_gib=$2; shift 2 ;;
         --counts) counts=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --quick) quick=1; pairs=3; shift ;;
@@ -146,7 +151,7 @@ if [[ $section == devices || $section == all ]]; then
 fi
 
 if [[ $section == codec || $section == all ]]; then
-    "$slow" up --devices 1 --mbps "$codec_mbps" --size-gib $(( gib * 2 + 1 )) >/dev/null
+    "$slow" up --devices 1 --mbps "$codec_mbps" --size-gib "$codec_size_gib" >/dev/null
     slow_root=$(roots_of 1)
     fast_root=$(mktemp -d "${SPILLRING_BENCH_ROOT:-/var/tmp}/spillring-devices-fast-XXXXXX")
     for where in slow fast; do
@@ -208,6 +213,7 @@ fi
 mkdir -p "$out"
 python3 "$here/devices_report.py" "$log/runs.jsonl" "$out" \
     --command "scripts/devices-bench.sh $given" --mbps "$mbps" --codec-mbps "$codec_mbps" \
+    --codec-size-gib "$codec_size_gib" \
     --slow-mbps "$slow_mbps" \
     --bytes-per-device "$bytes_per_dev" --commit "$commit" \
     --fio "$(fio --version)"

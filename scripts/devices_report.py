@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--fio", required=True)
     ap.add_argument("--mbps", type=int, required=True)
     ap.add_argument("--codec-mbps", type=int, required=True)
+    ap.add_argument("--codec-size-gib", type=int, default=None)
     ap.add_argument("--slow-mbps", type=int, default=25)
     ap.add_argument("--bytes-per-device", type=int, required=True)
     a = ap.parse_args()
@@ -125,7 +126,9 @@ def main():
     if codec_sections:
         goals = {"codec-slow-lineitem": 1.5, "codec-slow-random": 0.95, "codec-fast-random": 0.95}
         md += ["## Auto against None on a slow device (issue 26)", "",
-               f"Slow: one device limited to {first(codec_sections[0])['limit_mbps']} MB/s. Fast: a directory on this machine's",
+               f"Slow: one device limited to {first(codec_sections[0])['limit_mbps']} MB/s"
+               + (f", a {a.codec_size_gib} GiB filesystem" if a.codec_size_gib else "")
+               + ". Fast: a directory on this machine's",
                "disk, not throttled. One engine per run, 2 writers, direct mode,",
                f"{first(codec_sections[0])['bytes_per_device'] >> 20} MiB logical per run.", "",
                "| where | data | None MB/s | Auto MB/s | Auto / None | goal | Auto physical / logical | Auto blocks raw / lz4 / zstd (median run) | producer CPU Auto / None |",
