@@ -12,8 +12,9 @@
 //! ([`Roots::pick`]): the fewest segments being written, each root's count weighed by how fast
 //! it wrote its last segments (ties in turn). A writer holds its open segment's [`RootUse`],
 //! which counts it while it is written and measures the root as its writes go out: each 8 MiB
-//! handed to writes over their time, times the segments written there meanwhile (on a
-//! device-bound root, the device's rate). Only a root clearly slower than the fastest
+//! handed to writes over their time, times the segments written there meanwhile (started
+//! ones: a segment opened ahead of need does not share the device yet; on a device-bound
+//! root, the device's rate). Only a root clearly slower than the fastest
 //! (under [`SLOW_SHARE`] of its rate) is weighed down, so roots of like speed (and every root
 //! while the producers, not the devices, set the pace) keep placement by count. A rate is
 //! forgotten [`RATE_TTL`] after its last measure, so a root weighed down gets a segment again
@@ -72,6 +73,9 @@ const RATE_NEW: f64 = 0.5;
 #[derive(Debug)]
 struct Load {
     writing: Box<[AtomicUsize]>,
+    /// Of those, the ones started (a segment opened ahead of need is not written yet): what
+    /// shares the device while a measure runs.
+    active: Box<[AtomicUsize]>,
     /// Bytes per second times segments being written (`f64` bits), 0 when not measured.
     rate: Box<[AtomicU64]>,
     /// When each rate was measured: nanoseconds since `epoch`.
@@ -83,6 +87,7 @@ impl Load {
     fn new(n: usize) -> Self {
         Load {
             writing: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            active: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             rate: (0..n).map(|_| AtomicU64::new(0)).collect(),
             rated_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
@@ -149,8 +154,11 @@ impl RootUse {
     /// The segment is the writer's current one from now on (a segment opened ahead of need
     /// waits before this).
     pub(crate) fn start(&mut self) {
-        let writing = self.load.writing[self.root].load(Ordering::Relaxed);
-        self.window = Some((Instant::now(), writing, 0));
+        if self.window.is_some() {
+            return;
+        }
+        let active = self.load.active[self.root].fetch_add(1, Ordering::Relaxed) + 1;
+        self.window = Some((Instant::now(), active, 0));
     }
 
     /// `written` bytes of the segment are handed to writes: each [`RATE_MIN_BYTES`] measure
@@ -165,7 +173,7 @@ impl RootUse {
             return;
         }
         let now = Instant::now();
-        let w1 = self.load.writing[self.root].load(Ordering::Relaxed);
+        let w1 = self.load.active[self.root].load(Ordering::Relaxed);
         let secs = now.saturating_duration_since(t0).as_secs_f64();
         if from > 0 && secs > 0.0 {
             let sharing = ((w0 + w1) as f64 / 2.0).max(1.0);
@@ -179,6 +187,9 @@ impl RootUse {
 impl Drop for RootUse {
     fn drop(&mut self) {
         self.load.writing[self.root].fetch_sub(1, Ordering::Relaxed);
+        if self.window.is_some() {
+            self.load.active[self.root].fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -396,7 +407,8 @@ mod tests {
             None,
             "the first window: no measure"
         );
-        load.writing[1].store(2, Ordering::Relaxed);
+        assert_eq!(load.active[1].load(Ordering::Relaxed), 1, "started: active");
+        load.active[1].store(2, Ordering::Relaxed);
         u.window = Some((Instant::now() - Duration::from_secs(1), 2, RATE_MIN_BYTES));
         u.progress(2 * RATE_MIN_BYTES - 1);
         assert_eq!(load.rate(1, Instant::now()), None, "too short to measure");
@@ -412,8 +424,10 @@ mod tests {
             r / 2.0
         );
         load.writing[1].store(1, Ordering::Relaxed);
+        load.active[1].store(1, Ordering::Relaxed);
         drop(u);
         assert_eq!(load.writing[1].load(Ordering::Relaxed), 0);
+        assert_eq!(load.active[1].load(Ordering::Relaxed), 0);
         assert_eq!(
             load.pick(0, Instant::now(), |_| false),
             0,
