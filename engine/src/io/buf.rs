@@ -138,6 +138,11 @@ impl IoBuf {
         self.fills.seal_later(src, at, seal)
     }
 
+    /// The buffer holds deferred work ([`IoBuf::apply_fills`] copies or checksums bytes).
+    pub(crate) fn has_fills(&self) -> bool {
+        !self.fills.is_empty()
+    }
+
     /// Makes the deferred copies and finishes the deferred block header (on the thread that
     /// writes the buffer).
     pub(crate) fn apply_fills(&mut self) {

@@ -111,6 +111,10 @@ fn deferred_copies_land_in_place_and_let_go_of_their_records() {
     let mut b = p.try_get(0).unwrap();
     let rec = bytes::Bytes::from((0..40_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     b.push(b"head");
+    assert!(
+        !b.has_fills(),
+        "an eager push leaves the writing thread nothing to do"
+    );
     for k in 0..6 {
         b.push_deferred(&rec, k * 1000, 1000);
     }
@@ -121,8 +125,10 @@ fn deferred_copies_land_in_place_and_let_go_of_their_records() {
         FILLS,
         "the third to sixth were copied at once"
     );
+    assert!(b.has_fills());
     b.apply_fills();
     assert_eq!(b.fills.copies(), 0);
+    assert!(!b.has_fills(), "applied fills are gone");
     assert_eq!(&b.filled()[..4], b"head");
     assert_eq!(&b.filled()[4..6004], &rec[..6000]);
     assert_eq!(&b.filled()[6004..], b"tail");
@@ -165,6 +171,10 @@ fn a_deferred_seal_writes_the_header_an_eager_one_gives() {
     assert!(b.defer_seal(&rec, at, unsealed()).is_ok());
     assert!(b.fills.has_seal());
     assert!(
+        b.has_fills(),
+        "a deferred header alone is work for the writing thread"
+    );
+    assert!(
         b.defer_seal(&rec, at, unsealed()).is_err(),
         "one deferred header per buffer"
     );
@@ -178,6 +188,7 @@ fn a_deferred_seal_writes_the_header_an_eager_one_gives() {
     );
     b.apply_fills();
     assert!(!b.fills.has_seal());
+    assert!(!b.has_fills());
     assert_eq!(&b.filled()[at..at + BLOCK_HEADER_LEN], &eager[..]);
     assert_eq!(
         &b.filled()[at + BLOCK_HEADER_LEN..at + LARGE_PREFIX_LEN],

@@ -75,6 +75,11 @@ impl Fills {
         Ok(())
     }
 
+    /// Nothing is deferred: [`Fills::apply`] would do nothing.
+    pub(super) fn is_empty(&self) -> bool {
+        self.copies.iter().all(Option::is_none) && self.seal.is_none()
+    }
+
     /// Makes the copies and writes the finished header into `space` (the whole buffer).
     pub(super) fn apply(&mut self, space: &mut [u8]) {
         for slot in &mut self.copies {

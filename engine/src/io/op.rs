@@ -237,6 +237,12 @@ impl Op {
         }
     }
 
+    /// A write whose staging buffer holds deferred copies: [`Op::apply_fills`] costs its
+    /// thread a copy (and checksum) of up to a buffer's bytes.
+    pub(crate) fn has_fills(&self) -> bool {
+        matches!(&self.kind, OpKind::Write { data: WriteData::Staged(b), .. } if b.has_fills())
+    }
+
     fn fault_point(&self) -> FaultPoint {
         match &self.kind {
             OpKind::Write { .. } | OpKind::InSlot(_) => FaultPoint::IoWrite,
