@@ -119,6 +119,9 @@ pub enum FaultAction {
     FailAfter(i32),
     /// Block at the point until the handle is released.
     Pause(Arc<PauseHandle>),
+    /// Block at the point until the handle is released, then fail with this errno without
+    /// performing the operation (orders a failure after another event, for tests).
+    PauseThenFail(Arc<PauseHandle>, i32),
     /// Report success without performing the operation (a no-op deleter, for benches).
     Skip,
     /// Sleep this long at the point, then perform the operation (a slow device).
@@ -279,6 +282,10 @@ impl FaultPlan {
             FaultAction::Pause(h) => {
                 h.pause_here();
                 Injected::None
+            }
+            FaultAction::PauseThenFail(h, e) => {
+                h.pause_here();
+                Injected::Fail(e)
             }
             FaultAction::Delay(d) => {
                 std::thread::sleep(d);

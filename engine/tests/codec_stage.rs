@@ -244,13 +244,20 @@ fn a_writer_dropped_with_compressions_pending_deletes_its_files_once(b: BackendK
 
 /// The first write fails (EIO) while the second buffer's compression is held: the writer
 /// fails with the write's error at its next flush, without waiting for the compression, and
-/// deletes its files; the held buffer goes back to the pool when it ends, unwritten.
+/// deletes its files; the held buffer goes back to the pool when it ends, unwritten. The
+/// write is held until the compression is (`PauseThenFail`): failing at once, a loaded
+/// machine let the writer see the error before its second buffer reached the codec pool.
 fn a_write_failure_with_compressions_pending_fails_the_writer(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let plan = FaultPlan::new(4);
     let engine = Engine::open(lz4_cfg(dir.path(), b, &plan)).unwrap();
     let task = engine.task("fail").unwrap();
-    plan.fail_times(FaultPoint::IoWrite, libc::EIO, 1);
+    let write = std::sync::Arc::new(PauseHandle::default());
+    plan.arm(
+        FaultPoint::IoWrite,
+        FaultAction::PauseThenFail(write.clone(), libc::EIO),
+        Trigger::Times(1),
+    );
     let pause = std::sync::Arc::new(PauseHandle::default());
     plan.arm(
         FaultPoint::CodecCompress,
@@ -258,8 +265,11 @@ fn a_write_failure_with_compressions_pending_fails_the_writer(b: BackendKind) {
         Trigger::After { skip: 1, times: 1 },
     );
     let dog = Watchdog::new(&pause, T);
+    let write_dog = Watchdog::new(&write, T);
     let (h, rx) = write_until_it_fails(task.writer().unwrap());
     assert!(pause.wait_reached(T), "the second compression is held");
+    assert!(write.wait_reached(T), "the first write is held");
+    write_dog.release();
     let err = rx.recv_timeout(T).expect("the writer failed while held");
     h.join().unwrap();
     assert!(
