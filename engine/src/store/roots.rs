@@ -115,8 +115,14 @@ impl Load {
     }
 
     /// The root for a new segment, starting the ties at `start`, among the roots `usable`
-    /// gives (all of them if none is).
-    fn pick(&self, start: usize, now: Instant, usable: impl Fn(usize) -> bool) -> usize {
+    /// gives (all of them if none is); a segment on `leaving` is not counted.
+    fn pick(
+        &self,
+        start: usize,
+        now: Instant,
+        leaving: Option<usize>,
+        usable: impl Fn(usize) -> bool,
+    ) -> usize {
         let n = self.writing.len();
         let fastest = (0..n)
             .filter_map(|i| self.rate(i, now))
@@ -131,7 +137,9 @@ impl Load {
                 Some(r) if r < fastest * SLOW_SHARE => r / fastest,
                 _ => 1.0,
             };
-            let score = (self.writing[i].load(Ordering::Relaxed) + 1) as f64 / weight;
+            let writing = self.writing[i].load(Ordering::Relaxed);
+            let writing = writing.saturating_sub(usize::from(leaving == Some(i)));
+            let score = (writing + 1) as f64 / weight;
             if best.is_none_or(|(s, _)| score < s) {
                 best = Some((score, i));
             }
@@ -151,6 +159,11 @@ pub(crate) struct RootUse {
 }
 
 impl RootUse {
+    /// The root it counts on.
+    pub(crate) fn root(&self) -> usize {
+        self.root
+    }
+
     /// The segment is the writer's current one from now on (a segment opened ahead of need
     /// waits before this).
     pub(crate) fn start(&mut self) {
@@ -235,15 +248,18 @@ impl Roots {
 
     /// The root for the next segment: of the roots not being skipped, the one where it would
     /// finish first (module docs), ties taken in turn (every root, in turn, if all are
-    /// skipped).
-    pub(crate) fn pick(&self) -> usize {
+    /// skipped). `leaving`: the root of the segment its writer leaves for it (a rotation ahead
+    /// of need, placed while that one is half written), not counted: else a writer on a slow
+    /// root, counting itself, moves off it, and the root idles until another writer's segment
+    /// placed there starts.
+    pub(crate) fn pick(&self, leaving: Option<usize>) -> usize {
         let n = self.health.len();
         if n == 1 {
             return 0;
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let now = Instant::now();
-        self.load.pick(start, now, |i| {
+        self.load.pick(start, now, leaving, |i| {
             self.health[i].skip_until.lock().is_none_or(|t| t <= now)
         })
     }
@@ -321,7 +337,7 @@ mod tests {
             if held.len() == keep {
                 held.pop_front();
             }
-            let root = load.pick(s % n, now, |_| true);
+            let root = load.pick(s % n, now, None, |_| true);
             count[root] += 1;
             load.writing[root].fetch_add(1, Ordering::Relaxed);
             held.push_back(RootUse {
@@ -377,10 +393,10 @@ mod tests {
         let now = Instant::now();
         load.measured(0, 100e6, now);
         load.measured(1, 10e6, now);
-        assert_eq!(load.pick(1, now, |_| true), 0);
+        assert_eq!(load.pick(1, now, None, |_| true), 0);
         let later = now + RATE_TTL + Duration::from_millis(1);
         assert_eq!(load.rate(1, later), None);
-        assert_eq!(load.pick(1, later, |_| true), 1, "ties in turn again");
+        assert_eq!(load.pick(1, later, None, |_| true), 1, "ties in turn again");
     }
 
     /// A measure is a window's bytes over its time, times the segments sharing the root;
@@ -429,7 +445,7 @@ mod tests {
         assert_eq!(load.writing[1].load(Ordering::Relaxed), 0);
         assert_eq!(load.active[1].load(Ordering::Relaxed), 0);
         assert_eq!(
-            load.pick(0, Instant::now(), |_| false),
+            load.pick(0, Instant::now(), None, |_| false),
             0,
             "none usable: in turn"
         );

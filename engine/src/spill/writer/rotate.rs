@@ -159,13 +159,15 @@ impl SpillWriter {
             return;
         }
         let ctx = self.ctx.clone();
+        // The open segment's root: it is done with it by the time the new one starts.
+        let leaving = self.seg.as_ref().map(|s| s.root_use.root());
         // Not the writer's first segment: allocated whole at its creation.
         let job = self
             .ctx
             .core
             .io
             .offload()
-            .run(move || ctx.open(reserve, reserve));
+            .run(move || ctx.open(reserve, reserve, leaving));
         self.ahead = Ahead::Opening(job);
     }
 
@@ -281,19 +283,23 @@ impl Ctx {
     /// Creates the next segment: ticket first, then the file, then the abort check under the
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.
-    pub(super) fn open(&self, reserve: u64, step: u64) -> Result<Opened> {
+    /// `leaving`: the root of the segment the writer is leaving for this one (a rotation ahead
+    /// of need), not counted as being written there when placing it ([`Roots::pick`]).
+    ///
+    /// [`Roots::pick`]: crate::store::roots::Roots::pick
+    pub(super) fn open(&self, reserve: u64, step: u64, leaving: Option<usize>) -> Result<Opened> {
         let started = std::time::Instant::now();
-        let opened = self.open_timed(reserve, step);
+        let opened = self.open_timed(reserve, step, leaving);
         self.core.counters.latency.rotate.record_since(started);
         opened
     }
 
-    fn open_timed(&self, reserve: u64, step: u64) -> Result<Opened> {
+    fn open_timed(&self, reserve: u64, step: u64, leaving: Option<usize>) -> Result<Opened> {
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
             attempt += 1;
-            match self.create_segment(reserve, step) {
+            match self.create_segment(reserve, step, leaving) {
                 Ok(made) => break made,
                 Err(f) if f.next_root && attempt < attempts => continue,
                 Err(f) => return Err(f.err),
@@ -318,8 +324,13 @@ impl Ctx {
 
     /// One attempt, on the root `EngineShared::pick_root` gives: the directory, the ticket and segment
     /// number, the file, its allocation.
-    fn create_segment(&self, reserve: u64, step: u64) -> std::result::Result<Created, Failed> {
-        let (root, dir) = self.segment_dir()?;
+    fn create_segment(
+        &self,
+        reserve: u64,
+        step: u64,
+        leaving: Option<usize>,
+    ) -> std::result::Result<Created, Failed> {
+        let (root, dir) = self.segment_dir(leaving)?;
         if let Some(made) = self.reuse_segment(root, reserve, step)? {
             return Ok(made);
         }
@@ -452,8 +463,11 @@ impl Ctx {
     }
 
     /// Picks a root and this task's directory in it; a device error marks the root failed.
-    fn segment_dir(&self) -> std::result::Result<(usize, Arc<ProcDir>), Failed> {
-        let root = self.core.store.roots.pick();
+    fn segment_dir(
+        &self,
+        leaving: Option<usize>,
+    ) -> std::result::Result<(usize, Arc<ProcDir>), Failed> {
+        let root = self.core.store.roots.pick(leaving);
         match self.task.dir(root) {
             Ok(d) => Ok((root, d)),
             Err(e) => {
