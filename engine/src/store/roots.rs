@@ -76,6 +76,9 @@ struct Load {
     /// Of those, the ones started (a segment opened ahead of need is not written yet): what
     /// shares the device while a measure runs.
     active: Box<[AtomicUsize]>,
+    /// Of those, the ones whose writer has opened its next segment ahead of need: done with
+    /// by the time a segment placed now starts, so not counted in placement.
+    left: Box<[AtomicUsize]>,
     /// Bytes per second times segments being written (`f64` bits), 0 when not measured.
     rate: Box<[AtomicU64]>,
     /// When each rate was measured: nanoseconds since `epoch`.
@@ -88,6 +91,7 @@ impl Load {
         Load {
             writing: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             active: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            left: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             rate: (0..n).map(|_| AtomicU64::new(0)).collect(),
             rated_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
@@ -115,14 +119,8 @@ impl Load {
     }
 
     /// The root for a new segment, starting the ties at `start`, among the roots `usable`
-    /// gives (all of them if none is); a segment on `leaving` is not counted.
-    fn pick(
-        &self,
-        start: usize,
-        now: Instant,
-        leaving: Option<usize>,
-        usable: impl Fn(usize) -> bool,
-    ) -> usize {
+    /// gives (all of them if none is).
+    fn pick(&self, start: usize, now: Instant, usable: impl Fn(usize) -> bool) -> usize {
         let n = self.writing.len();
         let fastest = (0..n)
             .filter_map(|i| self.rate(i, now))
@@ -138,7 +136,7 @@ impl Load {
                 _ => 1.0,
             };
             let writing = self.writing[i].load(Ordering::Relaxed);
-            let writing = writing.saturating_sub(usize::from(leaving == Some(i)));
+            let writing = writing.saturating_sub(self.left[i].load(Ordering::Relaxed));
             let score = (writing + 1) as f64 / weight;
             if best.is_none_or(|(s, _)| score < s) {
                 best = Some((score, i));
@@ -153,15 +151,20 @@ impl Load {
 pub(crate) struct RootUse {
     load: Arc<Load>,
     root: usize,
+    /// Counted in `Load::left` ([`RootUse::leave`]).
+    left: bool,
     /// Where the current measure began: when, the segments being written on the root then,
     /// and the segment's bytes handed to writes then. `None` until the segment is started.
     window: Option<(Instant, usize, u64)>,
 }
 
 impl RootUse {
-    /// The root it counts on.
-    pub(crate) fn root(&self) -> usize {
-        self.root
+    /// Its writer has opened the segment that follows (ahead of need): from now on it is not
+    /// counted in placement.
+    pub(crate) fn leave(&mut self) {
+        if !std::mem::replace(&mut self.left, true) {
+            self.load.left[self.root].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The segment is the writer's current one from now on (a segment opened ahead of need
@@ -202,6 +205,9 @@ impl Drop for RootUse {
         self.load.writing[self.root].fetch_sub(1, Ordering::Relaxed);
         if self.window.is_some() {
             self.load.active[self.root].fetch_sub(1, Ordering::Relaxed);
+        }
+        if self.left {
+            self.load.left[self.root].fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -248,18 +254,17 @@ impl Roots {
 
     /// The root for the next segment: of the roots not being skipped, the one where it would
     /// finish first (module docs), ties taken in turn (every root, in turn, if all are
-    /// skipped). `leaving`: the root of the segment its writer leaves for it (a rotation ahead
-    /// of need, placed while that one is half written), not counted: else a writer on a slow
-    /// root, counting itself, moves off it, and the root idles until another writer's segment
-    /// placed there starts.
-    pub(crate) fn pick(&self, leaving: Option<usize>) -> usize {
+    /// skipped). A segment whose writer has opened its next one ([`RootUse::leave`]) is not
+    /// counted: else a writer on a slow root, counting itself, always moved off it, and the
+    /// root idled until a segment another writer placed there started.
+    pub(crate) fn pick(&self) -> usize {
         let n = self.health.len();
         if n == 1 {
             return 0;
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let now = Instant::now();
-        self.load.pick(start, now, leaving, |i| {
+        self.load.pick(start, now, |i| {
             self.health[i].skip_until.lock().is_none_or(|t| t <= now)
         })
     }
@@ -270,6 +275,7 @@ impl Roots {
         RootUse {
             load: self.load.clone(),
             root,
+            left: false,
             window: None,
         }
     }
@@ -337,12 +343,13 @@ mod tests {
             if held.len() == keep {
                 held.pop_front();
             }
-            let root = load.pick(s % n, now, None, |_| true);
+            let root = load.pick(s % n, now, |_| true);
             count[root] += 1;
             load.writing[root].fetch_add(1, Ordering::Relaxed);
             held.push_back(RootUse {
                 load: load.clone(),
                 root,
+                left: false,
                 window: None,
             });
         }
@@ -384,6 +391,24 @@ mod tests {
             vec![10, 0],
             "one writer: the fast root only"
         );
+        // A writer on the slow root, 3 on the fast one (each with a segment ahead): counted, it
+        // moves off the slow root; once it left (opened its next segment ahead), its segment
+        // is not counted and the next goes to the slow root.
+        load.writing[0].store(6, Ordering::Relaxed);
+        let mut u = RootUse {
+            load: load.clone(),
+            root: 1,
+            left: false,
+            window: None,
+        };
+        load.writing[1].store(1, Ordering::Relaxed);
+        assert_eq!(load.pick(0, now, |_| true), 0);
+        u.leave();
+        u.leave();
+        assert_eq!(load.left[1].load(Ordering::Relaxed), 1, "left once");
+        assert_eq!(load.pick(0, now, |_| true), 1);
+        drop(u);
+        assert_eq!(load.left[1].load(Ordering::Relaxed), 0);
     }
 
     /// A rate is forgotten after `RATE_TTL`: the root is placed by count again.
@@ -393,10 +418,10 @@ mod tests {
         let now = Instant::now();
         load.measured(0, 100e6, now);
         load.measured(1, 10e6, now);
-        assert_eq!(load.pick(1, now, None, |_| true), 0);
+        assert_eq!(load.pick(1, now, |_| true), 0);
         let later = now + RATE_TTL + Duration::from_millis(1);
         assert_eq!(load.rate(1, later), None);
-        assert_eq!(load.pick(1, later, None, |_| true), 1, "ties in turn again");
+        assert_eq!(load.pick(1, later, |_| true), 1, "ties in turn again");
     }
 
     /// A measure is a window's bytes over its time, times the segments sharing the root;
@@ -408,6 +433,7 @@ mod tests {
         let mut u = RootUse {
             load: load.clone(),
             root: 1,
+            left: false,
             window: None,
         };
         u.progress(RATE_MIN_BYTES);
@@ -445,7 +471,7 @@ mod tests {
         assert_eq!(load.writing[1].load(Ordering::Relaxed), 0);
         assert_eq!(load.active[1].load(Ordering::Relaxed), 0);
         assert_eq!(
-            load.pick(0, Instant::now(), None, |_| false),
+            load.pick(0, Instant::now(), |_| false),
             0,
             "none usable: in turn"
         );

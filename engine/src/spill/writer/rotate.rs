@@ -158,16 +158,19 @@ impl SpillWriter {
         if !room {
             return;
         }
+        // The open segment's root is no longer counted in placement: the writer is done with
+        // it by the time the new one starts (`RootUse::leave`).
+        if let Some(seg) = self.seg.as_mut() {
+            seg.root_use.leave();
+        }
         let ctx = self.ctx.clone();
-        // The open segment's root: it is done with it by the time the new one starts.
-        let leaving = self.seg.as_ref().map(|s| s.root_use.root());
         // Not the writer's first segment: allocated whole at its creation.
         let job = self
             .ctx
             .core
             .io
             .offload()
-            .run(move || ctx.open(reserve, reserve, leaving));
+            .run(move || ctx.open(reserve, reserve));
         self.ahead = Ahead::Opening(job);
     }
 
@@ -283,23 +286,19 @@ impl Ctx {
     /// Creates the next segment: ticket first, then the file, then the abort check under the
     /// file-list lock (invariant 2 in ARCHITECTURE.md). Tries the next healthy root when a
     /// root's create fails with a device error.
-    /// `leaving`: the root of the segment the writer is leaving for this one (a rotation ahead
-    /// of need), not counted as being written there when placing it ([`Roots::pick`]).
-    ///
-    /// [`Roots::pick`]: crate::store::roots::Roots::pick
-    pub(super) fn open(&self, reserve: u64, step: u64, leaving: Option<usize>) -> Result<Opened> {
+    pub(super) fn open(&self, reserve: u64, step: u64) -> Result<Opened> {
         let started = std::time::Instant::now();
-        let opened = self.open_timed(reserve, step, leaving);
+        let opened = self.open_timed(reserve, step);
         self.core.counters.latency.rotate.record_since(started);
         opened
     }
 
-    fn open_timed(&self, reserve: u64, step: u64, leaving: Option<usize>) -> Result<Opened> {
+    fn open_timed(&self, reserve: u64, step: u64) -> Result<Opened> {
         let attempts = self.core.cfg.roots.len();
         let mut attempt = 0;
         let made = loop {
             attempt += 1;
-            match self.create_segment(reserve, step, leaving) {
+            match self.create_segment(reserve, step) {
                 Ok(made) => break made,
                 Err(f) if f.next_root && attempt < attempts => continue,
                 Err(f) => return Err(f.err),
@@ -324,13 +323,8 @@ impl Ctx {
 
     /// One attempt, on the root `EngineShared::pick_root` gives: the directory, the ticket and segment
     /// number, the file, its allocation.
-    fn create_segment(
-        &self,
-        reserve: u64,
-        step: u64,
-        leaving: Option<usize>,
-    ) -> std::result::Result<Created, Failed> {
-        let (root, dir) = self.segment_dir(leaving)?;
+    fn create_segment(&self, reserve: u64, step: u64) -> std::result::Result<Created, Failed> {
+        let (root, dir) = self.segment_dir()?;
         if let Some(made) = self.reuse_segment(root, reserve, step)? {
             return Ok(made);
         }
@@ -463,11 +457,8 @@ impl Ctx {
     }
 
     /// Picks a root and this task's directory in it; a device error marks the root failed.
-    fn segment_dir(
-        &self,
-        leaving: Option<usize>,
-    ) -> std::result::Result<(usize, Arc<ProcDir>), Failed> {
-        let root = self.core.store.roots.pick(leaving);
+    fn segment_dir(&self) -> std::result::Result<(usize, Arc<ProcDir>), Failed> {
+        let root = self.core.store.roots.pick();
         match self.task.dir(root) {
             Ok(d) => Ok((root, d)),
             Err(e) => {

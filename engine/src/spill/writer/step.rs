@@ -94,7 +94,7 @@ impl Step {
                 reserve,
                 first,
             } => {
-                let opened = ctx.open(reserve, first, None)?;
+                let opened = ctx.open(reserve, first)?;
                 // A full buffer budget waits here (a blocking writer's thread, or the pool's).
                 // An error leaves the recorded file to the writer's failure.
                 let buf = ctx.core.io.pool().get_blocking(HEADER_LEN, off_thread);
