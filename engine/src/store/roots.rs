@@ -13,8 +13,9 @@
 //! it wrote its last segments (ties in turn). A writer holds its open segment's [`RootUse`],
 //! which counts it while it is written and measures the root as its writes go out: each 8 MiB
 //! handed to writes over their time, times the segments written there meanwhile (started
-//! ones: a segment opened ahead of need does not share the device yet; on a device-bound
-//! root, the device's rate). Only a root clearly slower than the fastest
+//! ones: a segment opened ahead of need does not share the device yet), taken only when the
+//! writer waited for its writes in flight for a tenth of that time (the device's rate, not a
+//! slow producer's). Only a root clearly slower than the fastest
 //! (under [`SLOW_SHARE`] of its rate) is weighed down, so roots of like speed (and every root
 //! while the producers, not the devices, set the pace) keep placement by count. A rate is
 //! forgotten [`RATE_TTL`] after its last measure, so a root weighed down gets a segment again
@@ -65,6 +66,9 @@ pub(crate) const SLOW_SHARE: f64 = 0.5;
 pub(crate) const RATE_TTL: Duration = Duration::from_secs(30);
 /// Bytes of a segment per measure of its root.
 const RATE_MIN_BYTES: u64 = 8 << 20;
+/// The share of a window its writer must have waited for the device for the window to
+/// measure the root.
+const DEVICE_BOUND: f64 = 0.1;
 /// Weight of a new measure in a root's rate.
 const RATE_NEW: f64 = 0.5;
 
@@ -146,6 +150,15 @@ impl Load {
     }
 }
 
+/// See [`RootUse`]'s `window`.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    at: Instant,
+    active: usize,
+    written: u64,
+    waited_ns: u64,
+}
+
 /// One segment being written on a root, counted in [`Roots::pick`]'s placement until dropped.
 #[derive(Debug)]
 pub(crate) struct RootUse {
@@ -154,8 +167,9 @@ pub(crate) struct RootUse {
     /// Counted in `Load::left` ([`RootUse::leave`]).
     left: bool,
     /// Where the current measure began: when, the segments being written on the root then,
-    /// and the segment's bytes handed to writes then. `None` until the segment is started.
-    window: Option<(Instant, usize, u64)>,
+    /// the segment's bytes handed to writes then, and its writer's time waiting for the
+    /// device then. `None` until the segment is started.
+    window: Option<Window>,
 }
 
 impl RootUse {
@@ -174,29 +188,43 @@ impl RootUse {
             return;
         }
         let active = self.load.active[self.root].fetch_add(1, Ordering::Relaxed) + 1;
-        self.window = Some((Instant::now(), active, 0));
+        self.window = Some(Window {
+            at: Instant::now(),
+            active,
+            written: 0,
+            waited_ns: u64::MAX,
+        });
     }
 
-    /// `written` bytes of the segment are handed to writes: each [`RATE_MIN_BYTES`] measure
-    /// the root, the bytes over their time times the segments written there meanwhile. The
-    /// first window is not measured: it fills the writer's queue of writes at once, whatever
-    /// the device (after it, a write is handed over as one completes).
-    pub(crate) fn progress(&mut self, written: u64) {
-        let Some((t0, w0, from)) = self.window else {
+    /// `written` bytes of the segment are handed to writes, and its writer has waited
+    /// `waited_ns` in all for its writes in flight: each [`RATE_MIN_BYTES`] measure the root,
+    /// the bytes over their time times the segments written there meanwhile, if the writer
+    /// waited for the device for at least [`DEVICE_BOUND`] of that time (else the producer,
+    /// not the device, set the pace, and the window says nothing of the root). The first
+    /// window is not measured: it fills the writer's queue of writes at once, whatever the
+    /// device (after it, a write is handed over as one completes).
+    pub(crate) fn progress(&mut self, written: u64, waited_ns: u64) {
+        let Some(w) = self.window else {
             return;
         };
-        if written < from + RATE_MIN_BYTES {
+        if written < w.written + RATE_MIN_BYTES {
             return;
         }
         let now = Instant::now();
-        let w1 = self.load.active[self.root].load(Ordering::Relaxed);
-        let secs = now.saturating_duration_since(t0).as_secs_f64();
-        if from > 0 && secs > 0.0 {
-            let sharing = ((w0 + w1) as f64 / 2.0).max(1.0);
-            let rate = (written - from) as f64 / secs * sharing;
+        let active = self.load.active[self.root].load(Ordering::Relaxed);
+        let secs = now.saturating_duration_since(w.at).as_secs_f64();
+        let waited = waited_ns.saturating_sub(w.waited_ns) as f64 / 1e9;
+        if w.written > 0 && secs > 0.0 && waited >= DEVICE_BOUND * secs {
+            let sharing = ((w.active + active) as f64 / 2.0).max(1.0);
+            let rate = (written - w.written) as f64 / secs * sharing;
             self.load.measured(self.root, rate, now);
         }
-        self.window = Some((now, w1, written));
+        self.window = Some(Window {
+            at: now,
+            active,
+            written,
+            waited_ns,
+        });
     }
 }
 
@@ -426,7 +454,8 @@ mod tests {
 
     /// A measure is a window's bytes over its time, times the segments sharing the root;
     /// the first window (the queue's fill) is not measured, nor a window under
-    /// `RATE_MIN_BYTES`; the rate moves halfway to each new measure.
+    /// `RATE_MIN_BYTES`, nor one in which the writer hardly waited for the device (a slow
+    /// producer is no slow root); the rate moves halfway to each new measure.
     #[test]
     fn a_segment_being_written_measures_its_root() {
         let load = Arc::new(Load::new(2));
@@ -436,14 +465,14 @@ mod tests {
             left: false,
             window: None,
         };
-        u.progress(RATE_MIN_BYTES);
+        u.progress(RATE_MIN_BYTES, 0);
         assert_eq!(
             load.rate(1, Instant::now()),
             None,
             "not started: no measure"
         );
         u.start();
-        u.progress(RATE_MIN_BYTES);
+        u.progress(RATE_MIN_BYTES, 0);
         assert_eq!(
             load.rate(1, Instant::now()),
             None,
@@ -451,10 +480,23 @@ mod tests {
         );
         assert_eq!(load.active[1].load(Ordering::Relaxed), 1, "started: active");
         load.active[1].store(2, Ordering::Relaxed);
-        u.window = Some((Instant::now() - Duration::from_secs(1), 2, RATE_MIN_BYTES));
-        u.progress(2 * RATE_MIN_BYTES - 1);
+        let window = |written| Window {
+            at: Instant::now() - Duration::from_secs(1),
+            active: 2,
+            written,
+            waited_ns: 0,
+        };
+        u.window = Some(window(RATE_MIN_BYTES));
+        u.progress(2 * RATE_MIN_BYTES - 1, 500_000_000);
         assert_eq!(load.rate(1, Instant::now()), None, "too short to measure");
-        u.progress(3 * RATE_MIN_BYTES);
+        u.progress(3 * RATE_MIN_BYTES, 50_000_000);
+        assert_eq!(
+            load.rate(1, Instant::now()),
+            None,
+            "5% of the window waiting for the device: the producer's pace, no measure"
+        );
+        u.window = Some(window(RATE_MIN_BYTES));
+        u.progress(3 * RATE_MIN_BYTES, 500_000_000);
         let r = load.rate(1, Instant::now()).unwrap_or(0.0);
         let want = (2 * RATE_MIN_BYTES) as f64 * 2.0;
         assert!((r / want - 1.0).abs() < 0.05, "{r} vs {want}");

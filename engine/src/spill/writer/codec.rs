@@ -253,6 +253,9 @@ pub(super) struct CodecState {
     pub(super) sustained_ns_per_byte: f64,
     /// Waiting for writes in flight since the last block (added by `poll_until`).
     pub(super) waited_ns: u64,
+    /// Waiting for writes in flight in all (never reset): placement takes a root's rate only
+    /// from windows in which its writer waited for the device (`RootUse::progress`).
+    pub(super) device_wait_ns: u64,
     /// Waiting for compressions (the codec stage's head) since the last block.
     pub(super) stalled_ns: u64,
     /// The bytes the device had written for this writer when `poll_until` last
@@ -290,6 +293,7 @@ impl CodecState {
             window: Window::default(),
             sustained_ns_per_byte: 0.0,
             waited_ns: 0,
+            device_wait_ns: 0,
             stalled_ns: 0,
             completed: 0,
             completed_at_block: 0,
@@ -408,6 +412,7 @@ impl CodecState {
             self.stalled_ns += ns;
         } else {
             self.waited_ns += ns;
+            self.device_wait_ns += ns;
         }
     }
 }

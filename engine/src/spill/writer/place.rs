@@ -192,7 +192,8 @@ impl SpillWriter {
                     };
                     let offset = seg.written + self.blocks.staged() as u64;
                     seg.written = offset + need;
-                    seg.root_use.progress(seg.written);
+                    seg.root_use
+                        .progress(seg.written, self.blocks.codec.device_wait_ns);
                     let op = Op {
                         kind: OpKind::Write {
                             file,

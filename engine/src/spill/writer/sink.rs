@@ -298,7 +298,8 @@ impl SpillWriter {
         }
         let offset = seg.written;
         seg.written += len as u64;
-        seg.root_use.progress(seg.written);
+        seg.root_use
+            .progress(seg.written, self.blocks.codec.device_wait_ns);
         // For the scope's usage: what the open segment holds (issue 25).
         self.ctx
             .shared
