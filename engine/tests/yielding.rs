@@ -17,6 +17,7 @@ use spillring::{BackendKind, Bytes, Engine};
 per_backend!(
     a_read_back_loop_yields_to_the_other_tasks,
     a_write_loop_that_never_waits_yields,
+    a_read_back_loop_lets_the_runtime_poll_its_driver_at_each_yield,
 );
 
 const TOTAL: usize = 64 << 20;
@@ -128,6 +129,82 @@ fn a_write_loop_that_never_waits_yields(b: BackendKind) {
     );
     let st = w.finish().unwrap();
     assert_eq!(st.records(), 40_000);
+    drop(st);
+    task.close();
+    assert_clean(&engine, dir.path());
+}
+
+/// The read-back loop of `a_read_back_loop_yields_to_the_other_tasks` as a spawned task (as
+/// the yielding bench runs it), each call's polls counted: every yield must let the runtime
+/// poll its driver (timers, I/O). The other task waits with `tokio::task::yield_now`, whose
+/// wake tokio defers until it has polled its driver, so it runs once per driver poll. A loop
+/// task that woke itself at once stayed ready, and a `current_thread` runtime with a ready
+/// task polls its driver only every 61 task polls: the other task ran about once per 60
+/// yields (and a 1 ms timer was 2-3 ms late, 6-8 ms with the thread preempted once: the
+/// yielding bench).
+fn a_read_back_loop_lets_the_runtime_poll_its_driver_at_each_yield(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(cfg(dir.path(), b).segment_size(128 << 20)).unwrap();
+    let task = engine.task("driver").unwrap();
+    let mut w = task.writer().unwrap();
+    let rec = record(3, REC);
+    for _ in 0..TOTAL / REC {
+        w.write_slice(&rec).unwrap();
+    }
+    let st = w.finish().unwrap();
+    let mut r = st.reader().unwrap();
+    let (runs, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (calls, yields, during) = current_thread().block_on(async {
+        let counter = {
+            let (runs, done) = (runs.clone(), done.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::SeqCst) {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let runs2 = runs.clone();
+        let reader = tokio::spawn(async move {
+            let (mut calls, mut polls, mut before) = (0u64, 0u64, 0u64);
+            loop {
+                let got = {
+                    let mut f = std::pin::pin!(r.next_record_async());
+                    std::future::poll_fn(|cx| {
+                        if calls > 0 {
+                            polls += 1;
+                        }
+                        f.as_mut().poll(cx)
+                    })
+                    .await
+                    .unwrap()
+                };
+                let Some(got) = got else { break };
+                assert_eq!(got.len(), REC);
+                if calls == 0 {
+                    before = runs2.load(Ordering::SeqCst);
+                }
+                calls += 1;
+            }
+            let during = runs2.load(Ordering::SeqCst) - before;
+            // From the second call on, and the last (None) call's polls: one per call.
+            (calls, polls - calls, during, r)
+        });
+        let (calls, yields, during, r) = reader.await.unwrap();
+        done.store(true, Ordering::SeqCst);
+        counter.await.unwrap();
+        drop(r);
+        (calls, yields, during)
+    });
+    assert_eq!(calls, (TOTAL / REC) as u64);
+    assert!(yields >= 10, "{yields} yields in {calls} calls");
+    assert!(
+        during * 2 >= yields,
+        "the runtime polled its driver {during} times in {yields} yields of the loop"
+    );
     drop(st);
     task.close();
     assert_clean(&engine, dir.path());

@@ -226,7 +226,8 @@ impl SpillReader {
     /// one is read (read-ahead: a reader holds at most two segments then).
     ///
     /// A loop of calls that each find their record at once (a segment mapped or read already)
-    /// yields to the runtime after a short slice of work (`Pending`, the task woken), so the
+    /// yields to the runtime after a short slice of work (`Pending`, the task woken once a tokio
+    /// runtime has polled its timers and I/O, at once on another runtime), so the
     /// runtime's timers and other tasks run; see the crate docs' async rules.
     ///
     /// Dropping the future leaves the reader usable: an open under way ends on its own and is
