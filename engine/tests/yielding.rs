@@ -12,7 +12,7 @@ use common::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use spillring::{BackendKind, Bytes, Engine};
+use spillring::{BackendKind, Bytes, Engine, SpilledState, TaskSpill};
 
 per_backend!(
     a_read_back_loop_yields_to_the_other_tasks,
@@ -57,19 +57,31 @@ fn runs_beside<F: std::future::Future<Output = u64>>(
     })
 }
 
-/// 64 MiB in 1 KiB records, one segment (mapped and touched on the offload pool), read back
-/// with `next_record_async`: no call waits for anything after the open.
-fn a_read_back_loop_yields_to_the_other_tasks(b: BackendKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(cfg(dir.path(), b).segment_size(128 << 20)).unwrap();
-    let task = engine.task("read").unwrap();
+/// An engine at `dir` and its task `id`, with `TOTAL` bytes of `record(seed, REC)` spilled and
+/// finished in one segment: what the read-back loops read.
+fn one_segment(
+    dir: &std::path::Path,
+    b: BackendKind,
+    id: &str,
+    seed: u64,
+) -> (Engine, TaskSpill, SpilledState) {
+    let engine = Engine::open(cfg(dir, b).segment_size(128 << 20)).unwrap();
+    let task = engine.task(id).unwrap();
     let mut w = task.writer().unwrap();
-    let rec = record(1, REC);
+    let rec = record(seed, REC);
     for _ in 0..TOTAL / REC {
         w.write_slice(&rec).unwrap();
     }
     let st = w.finish().unwrap();
     assert_eq!(st.segments(), 1);
+    (engine, task, st)
+}
+
+/// 64 MiB in 1 KiB records, one segment (mapped and touched on the offload pool), read back
+/// with `next_record_async`: no call waits for anything after the open.
+fn a_read_back_loop_yields_to_the_other_tasks(b: BackendKind) {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, task, st) = one_segment(dir.path(), b, "read", 1);
     let mut r = st.reader().unwrap();
     let mut n = 0;
     // Counted from the first record on: while the segment is opened (mapped, its pages
@@ -144,14 +156,7 @@ fn a_write_loop_that_never_waits_yields(b: BackendKind) {
 /// yielding bench).
 fn a_read_back_loop_lets_the_runtime_poll_its_driver_at_each_yield(b: BackendKind) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(cfg(dir.path(), b).segment_size(128 << 20)).unwrap();
-    let task = engine.task("driver").unwrap();
-    let mut w = task.writer().unwrap();
-    let rec = record(3, REC);
-    for _ in 0..TOTAL / REC {
-        w.write_slice(&rec).unwrap();
-    }
-    let st = w.finish().unwrap();
+    let (engine, task, st) = one_segment(dir.path(), b, "driver", 3);
     let mut r = st.reader().unwrap();
     let (runs, done) = (
         Arc::new(AtomicU64::new(0)),
