@@ -360,6 +360,16 @@ pub(crate) fn probe_direct(proc_dirs: &[Arc<ProcDir>]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A use of `root` not counted in `load` (each test sets the counts it needs).
+    fn root_use(load: &Arc<Load>, root: usize) -> RootUse {
+        RootUse {
+            load: load.clone(),
+            root,
+            left: false,
+            window: None,
+        }
+    }
+
     /// Places `segments` new segments, each held until `keep` are open on the roots (oldest
     /// sealed first), and counts where they went.
     fn place(load: &Arc<Load>, segments: usize, keep: usize) -> Vec<usize> {
@@ -374,12 +384,7 @@ mod tests {
             let root = load.pick(s % n, now, |_| true);
             count[root] += 1;
             load.writing[root].fetch_add(1, Ordering::Relaxed);
-            held.push_back(RootUse {
-                load: load.clone(),
-                root,
-                left: false,
-                window: None,
-            });
+            held.push_back(root_use(load, root));
         }
         count
     }
@@ -423,12 +428,7 @@ mod tests {
         // moves off the slow root; once it left (opened its next segment ahead), its segment
         // is not counted and the next goes to the slow root.
         load.writing[0].store(6, Ordering::Relaxed);
-        let mut u = RootUse {
-            load: load.clone(),
-            root: 1,
-            left: false,
-            window: None,
-        };
+        let mut u = root_use(&load, 1);
         load.writing[1].store(1, Ordering::Relaxed);
         assert_eq!(load.pick(0, now, |_| true), 0);
         u.leave();
@@ -459,12 +459,7 @@ mod tests {
     #[test]
     fn a_segment_being_written_measures_its_root() {
         let load = Arc::new(Load::new(2));
-        let mut u = RootUse {
-            load: load.clone(),
-            root: 1,
-            left: false,
-            window: None,
-        };
+        let mut u = root_use(&load, 1);
         u.progress(RATE_MIN_BYTES, 0);
         assert_eq!(
             load.rate(1, Instant::now()),
