@@ -9,7 +9,7 @@
 #   loom_abortable_files_*  spill/writer/hook.rs   the abort flag against the file list (invariant 2)
 #   loom_grants_*           spill/grant.rs (models in grant_loom.rs) grant release and publish against scope close
 
-#   loom_lane_gate_*        io/gate.rs  submitters against a lane's close
+#   loom_lane_gate_*        io/lane.rs  submitters against a lane's close
 #   loom_op_slot_*          io/op.rs    a writer taking its queued write back against the I/O thread
 #   loom_handoff_*          io/handoff.rs (models in handoff_loom.rs) a push against a parking
 #                           consumer and against the last consumer's exit (the channel itself

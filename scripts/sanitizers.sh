@@ -54,7 +54,7 @@
 #   SAN_SHORT_TESTS     integration test binaries of the short run
 #                       (default "ownership abort cleanup roots")
 #   SAN_MIRI_FILTERS    libtest filters of the Miri run (default "ledger:: segment::")
-#   SAN_MIRI_FULL_FILTERS  filters added with --full (default "io::gate::")
+#   SAN_MIRI_FULL_FILTERS  filters added with --full (default "io::lane::gate::")
 #   SAN_EXTRA_RUSTFLAGS appended to the sanitizer RUSTFLAGS
 #   ASAN_OPTIONS, TSAN_OPTIONS, MIRIFLAGS are appended to the script's own (later wins).
 set -euo pipefail
@@ -89,7 +89,7 @@ mkdir -p "$log_dir"
 read -r -a short_tests <<<"${SAN_SHORT_TESTS:-ownership abort cleanup roots}"
 read -r -a miri_filters <<<"${SAN_MIRI_FILTERS:-ledger:: segment::}"
 if ((full)); then
-  read -r -a more <<<"${SAN_MIRI_FULL_FILTERS:-io::gate::}"
+  read -r -a more <<<"${SAN_MIRI_FULL_FILTERS:-io::lane::gate::}"
   miri_filters+=("${more[@]}")
 fi
 

@@ -181,3 +181,42 @@ proptest! {
         prop_assert!(decode(&buf, 64, B).is_err());
     }
 }
+
+// ---- CRC-32C ----
+
+#[test]
+fn the_check_value_of_crc32c() {
+    // The catalogue's check value of CRC-32/ISCSI.
+    assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+    assert_eq!(crc32c_append(crc32c(b"1234"), b"56789"), 0xe306_9283);
+    assert_eq!(crc32c(b""), 0);
+    assert_eq!(crc32c_append(0x1234_5678, b""), 0x1234_5678);
+}
+
+#[test]
+fn agrees_with_the_crc32c_crate_at_every_size_offset_and_split() {
+    let data: Vec<u8> = (0..70_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let lens = [
+        0usize, 1, 3, 15, 16, 17, 63, 64, 65, 255, 256, 4095, 4096, 65_537,
+    ];
+    let small = cfg!(miri);
+    for &len in &lens {
+        if small && len > 4096 {
+            continue;
+        }
+        for start in [0usize, 1, 7] {
+            let d = &data[start..start + len];
+            assert_eq!(crc32c(d), crc32c::crc32c(d), "len {len} at {start}");
+            for split in [0, len / 3, len] {
+                let (a, b) = d.split_at(split);
+                assert_eq!(
+                    crc32c_append(crc32c(a), b),
+                    crc32c::crc32c_append(crc32c::crc32c(a), b),
+                    "len {len} at {start} split {split}"
+                );
+            }
+        }
+    }
+}

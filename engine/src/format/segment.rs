@@ -35,7 +35,7 @@
 //! length. A reader parses exactly the logical length, so a torn or truncated file is detected
 //! and located, and wrong bytes are never returned.
 
-use super::crc;
+use super::block;
 
 /// Bytes of the segment header.
 pub const HEADER_LEN: usize = 64;
@@ -70,7 +70,7 @@ pub(crate) fn encode_header(
         h[28] = FLAG_ENCRYPTED;
         h[32..40].copy_from_slice(&key_id.to_le_bytes());
     }
-    let crc = crc::crc32c(&h[..60]);
+    let crc = block::crc32c(&h[..60]);
     h[60..64].copy_from_slice(&crc.to_le_bytes());
     h
 }
@@ -100,7 +100,7 @@ pub fn parse_header(buf: &[u8]) -> Result<SegmentHeader, &'static str> {
         return Err("bad magic: not a spillring segment");
     }
     let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
-    if crc::crc32c(&buf[..60]) != stored {
+    if block::crc32c(&buf[..60]) != stored {
         return Err("header checksum mismatch");
     }
     let version = u16::from_le_bytes([buf[8], buf[9]]);
@@ -260,7 +260,7 @@ mod tests {
             let mut h = encode_header(7, 1, 0, 0);
             h[28] = flags;
             h[32..40].copy_from_slice(&id.to_le_bytes());
-            let crc = crc::crc32c(&h[..60]);
+            let crc = block::crc32c(&h[..60]);
             h[60..64].copy_from_slice(&crc.to_le_bytes());
             assert_eq!(parse_header(&h), Err("segment flags and key id disagree"));
         }
@@ -282,7 +282,7 @@ mod tests {
         ] {
             let mut h = encode_header(7, 1, 0, 0);
             h[8..10].copy_from_slice(&v.to_le_bytes());
-            let crc = crc::crc32c(&h[..60]);
+            let crc = block::crc32c(&h[..60]);
             h[60..64].copy_from_slice(&crc.to_le_bytes());
             assert_eq!(parse_header(&h), Err(want));
         }

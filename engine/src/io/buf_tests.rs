@@ -1,6 +1,5 @@
 use super::*;
 use crate::format::block::{Binding, Codec, LARGE_PREFIX_LEN, record_frame};
-use crate::io::fills::FILLS;
 
 /// Issue 10: a write allocates nothing; a registered buffer's return used to grow the
 /// free list now and then (dhat: `put <- drop`, once per ~10,000 4 KiB writes).

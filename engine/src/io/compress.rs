@@ -1,9 +1,9 @@
 //! The codec pool: a few engine threads that compress staging buffers' blocks off the
 //! producer's thread, in parallel with it, as the I/O threads copy and checksum a large
-//! record's parts (`fills.rs`). A job is a buffer and where its block's records start; the
-//! pool compresses them in place and hands the buffer back to the job's [`CompressSink`] (the
-//! writer that queued it, which seals and writes its buffers in order: a block's seal binds
-//! its file offset, known only once the buffers before it are compressed).
+//! record's parts (`buf.rs`'s `Fills`). A job is a buffer and where its block's records
+//! start; the pool compresses them in place and hands the buffer back to the job's
+//! [`CompressSink`] (the writer that queued it, which seals and writes its buffers in order: a
+//! block's seal binds its file offset, known only once the buffers before it are compressed).
 //!
 //! Its threads start on first use (an engine that never compresses never has them). Jobs go
 //! through a [`Handoff`], whose push never sleeps: an async writer hands a job over in its

@@ -11,8 +11,6 @@ mod buf;
 mod compress;
 mod decode;
 mod fdcache;
-mod fills;
-mod gate;
 mod handoff;
 #[cfg(loom)]
 mod handoff_loom;
@@ -29,7 +27,6 @@ pub(crate) use buf::{BufferPool, IoBuf, Mapping, NoBuffer, OpenBlock, Refused, T
 pub(crate) use compress::{Compress, CompressPool, CompressSink};
 pub(crate) use decode::{DECODE_POOL, DecodePool};
 pub(crate) use fdcache::{CachedFile, FdCache, FdPermit};
-pub(crate) use gate::LaneGate;
 pub(crate) use keptmap::{KeptMaps, SharedMap};
 pub(crate) use lane::*;
 pub(crate) use offload::{Offload, Offloaded};

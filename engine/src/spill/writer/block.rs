@@ -4,9 +4,9 @@
 //! it stands (`seal_closed`: its records compressed already, off the producer's thread, by the
 //! codec stage, `stage.rs`; its header and CRC written, encrypted with the engine's key,
 //! padded to 4 KiB in direct mode); a record too large for a block of the buffer is a block of
-//! its own, whose prefix (block header + frame) is made here. What the buffer leaves to the I/O thread that
-//! writes it (deferred copies, a deferred checksum) is `io/fills.rs`. Getting a buffer and
-//! writing one is the segment sink's (`sink.rs`).
+//! its own, whose prefix (block header + frame) is made here. What the buffer leaves to the
+//! I/O thread that writes it (deferred copies, a deferred checksum) is `io/buf.rs`'s `Fills`.
+//! Getting a buffer and writing one is the segment sink's (`sink.rs`).
 
 use std::time::Instant;
 
@@ -243,7 +243,11 @@ impl Blocks {
         let block = buf.block.take()?;
         let body = block.at + BLOCK_HEADER_LEN;
         let raw = buf.len - body;
-        let (codec, pick_ns) = codec.pick(&buf.filled()[body..], quota_fill(core));
+        // Without a codec every block is stored raw: nothing to pick, nor to observe for `Auto`.
+        let (codec, pick_ns) = match codec.mode {
+            Compression::None => (Codec::Raw, 0),
+            _ => codec.pick(&buf.filled()[body..], || quota_fill(core)),
+        };
         Some(Closed {
             block,
             raw,
@@ -327,7 +331,10 @@ pub(super) fn seal_closed(
     buf.space()[c.block.at..body].copy_from_slice(&header);
     buf.space()[end..end + padn].fill(0);
     buf.len += padn;
-    codec.observe(buf.len, BLOCK_HEADER_LEN + c.raw, c.pick_ns, codec_ns);
+    // Only `Auto` weighs what its blocks cost (a fixed codec's writer skips the clock read).
+    if matches!(codec.mode, Compression::Auto) {
+        codec.observe(buf.len, BLOCK_HEADER_LEN + c.raw, c.pick_ns, codec_ns);
+    }
     count_block(
         core,
         used,

@@ -353,15 +353,15 @@ impl CodecState {
     }
 
     /// The codec for a block of `raw` bytes, and the nanoseconds its choice took: fixed, or
-    /// `Auto`'s (a trial on a sample). `quota_fill`: bytes the ledger holds over
-    /// `max_spill_bytes` (0 without a quota); with `root_fill`, `Auto`'s space pressure.
-    pub(super) fn pick(&mut self, raw: &[u8], quota_fill: f64) -> (Codec, u64) {
+    /// `Auto`'s (a trial on a sample). `quota_fill` (asked only by `Auto`): bytes the ledger
+    /// holds over `max_spill_bytes` (0 without a quota); with `root_fill`, `Auto`'s space pressure.
+    pub(super) fn pick(&mut self, raw: &[u8], quota_fill: impl FnOnce() -> f64) -> (Codec, u64) {
         match self.mode {
             Compression::None => (Codec::Raw, 0),
             Compression::Lz4 => (Codec::Lz4, 0),
             Compression::Zstd { level } => (Codec::Zstd(level), 0),
             Compression::Auto => {
-                let level = self.auto.set_space(quota_fill.max(self.root_fill));
+                let level = self.auto.set_space(quota_fill().max(self.root_fill));
                 if let Some(c) = self.auto.next_block() {
                     return (c, 0);
                 }

@@ -258,8 +258,11 @@ impl SpillWriter {
             return false;
         }
         let cap = self.ctx.core.io.pool().buffer_capacity();
-        let fill = quota_fill(&self.ctx.core);
-        let (codec, _) = self.blocks.codec.pick(&rec[..rec.len().min(cap)], fill);
+        let core = &self.ctx.core;
+        let (codec, _) = self
+            .blocks
+            .codec
+            .pick(&rec[..rec.len().min(cap)], || quota_fill(core));
         if codec == Codec::Raw {
             return false;
         }
