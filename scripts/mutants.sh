@@ -32,10 +32,10 @@ MODULES=(
   "ledger;-f engine/src/store/ledger.rs;--lib --test admission"
   "cleanup;-f engine/src/cleanup/mod.rs -f engine/src/cleanup/worker.rs -f engine/src/cleanup/sweep.rs;--test cleanup --test errors --test crash --test invariants --test pool --test cleanup_outcomes"
   "grants;-f engine/src/spill/grant.rs --re Grants|StateShared::(release|acquire|is_aborted|unregister|move_to)|close_by_scope|Grant>::drop|open_error -f engine/src/spill/state.rs --re SpilledState::(register|reader|into_reader|is_aborted)|Clone;--lib --test abort --test ownership --test adopt --test invariants --test pool"
-  "abort;-f engine/src/spill/writer/hook.rs --re AbortableFiles|WriterShared|Tracker -f engine/src/spill/writer/rotate.rs --re record_segment|reserve_ticket|delete_now|create_failed_after;--lib --test abort --test errors --test admission --test cleanup --test roots --test publish --test async_writers --test device --test pool_trim"
+  "abort;-f engine/src/spill/writer/hook.rs --re AbortableFiles|WriterShared|Tracker -f engine/src/spill/writer/segfile.rs --re record_segment|reserve_ticket|delete_now|create_failed_after;--lib --test abort --test errors --test admission --test cleanup --test roots --test publish --test async_writers --test device --test pool_trim"
   "queue;-f engine/src/store/queue.rs -f engine/src/store/records.rs;--lib --test cleanup --test errors"
   "codec;-f engine/src/format/cursor.rs;--lib --test corrupt --test publish --test encryption"
-  "planted;-f engine/src/format/block.rs --re binding_bytes -f engine/src/format/crypt.rs --re nonce -f engine/src/store/ledger.rs --re take_pages -f engine/src/format/cursor.rs --re SegmentCursor<B>::open_block -f engine/src/spill/writer/rotate.rs --re reuse_segment;--lib --test encryption --test admission --test pool"
+  "planted;-f engine/src/format/block.rs --re binding_bytes -f engine/src/format/crypt.rs --re nonce -f engine/src/store/ledger.rs --re take_pages -f engine/src/format/cursor.rs --re SegmentCursor<B>::open_block -f engine/src/spill/writer/segfile.rs --re reuse_segment;--lib --test encryption --test admission --test pool"
 )
 # The short shard CI runs: the two loom-modelled protocols that are pure logic (a state's grants,
 # the writer's abort list and write tracker) against their unit tests only (one test binary:

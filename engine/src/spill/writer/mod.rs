@@ -15,8 +15,9 @@
 //! writer's thread, written in order), `step.rs` (the steps that may block, as one enum, and the
 //! one helper that runs them: inline for a blocking call, on the offload pool for an async
 //! one), `place.rs` (one record through them), `hook.rs` (what other threads touch: the file
-//! list and its abort protocol, the abort hook, in-flight accounting), `rotate.rs` (opening
-//! the next segment), `alloc.rs` (allocation steps, the trim at `finish`), `codec.rs`
+//! list and its abort protocol, the abort hook, in-flight accounting), `rotate.rs` (when
+//! the next segment opens), `segfile.rs` (its file made, allocated in steps, trimmed at
+//! `finish`), `codec.rs`
 //! (`Auto`'s policy), `slot.rs` (records filled in place), `stream.rs` (a byte stream cut
 //! into records: `append`, `std::io::Write`).
 
@@ -49,12 +50,12 @@ macro_rules! ready_ok {
     };
 }
 
-mod alloc;
 mod block;
 mod codec;
 mod hook;
 mod place;
 mod rotate;
+mod segfile;
 mod sink;
 mod slot;
 mod stage;
@@ -323,7 +324,7 @@ impl SpillWriter {
         std::task::ready!(self.poll_ahead_given_back(wait));
         ready_ok!(self.seal_with(wait, true));
         ready_ok!(self.poll_drained(wait));
-        if std::mem::replace(trimmed, true) || !alloc::needs_trim(&self.ctx.shared) {
+        if std::mem::replace(trimmed, true) || !segfile::needs_trim(&self.ctx.shared) {
             return Poll::Ready(Ok(()));
         }
         self.run_step(step::Step::Trim(self.ctx.clone()), wait)
@@ -482,9 +483,9 @@ impl SpillWriter {
         }
     }
 
-    /// [`rotate::explain_admission`] with what this writer holds.
+    /// [`segfile::explain_admission`] with what this writer holds.
     fn explain_admission(&self, e: SpillError) -> SpillError {
-        rotate::explain_admission(e, self.files() as u64, || {
+        segfile::explain_admission(e, self.files() as u64, || {
             let files = self.ctx.shared.files.lock();
             files.entries.iter().map(|e| e.reserved()).sum::<u64>()
         })

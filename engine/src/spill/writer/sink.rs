@@ -8,8 +8,8 @@ use std::io;
 use std::sync::Arc;
 use std::task::Poll;
 
-use super::alloc::{next_step, trimmed_len};
 use super::block::{At, open_block};
+use super::segfile::{next_step, trimmed_len};
 use super::stage::Until;
 use super::step::Step;
 use super::{SpillWriter, Wait};
@@ -362,7 +362,7 @@ impl SpillWriter {
     /// Makes sure the open segment is allocated up to `end` before a write reaches it (direct
     /// mode, `preallocate`; nothing otherwise, or if the filesystem could not allocate its
     /// first step). Segments are allocated in steps, not whole: the first step at rotation
-    /// (`alloc::first_step`: 1 MiB or the first record), then doubling up to the segment's
+    /// (`segfile::first_step`: 1 MiB or the first record), then doubling up to the segment's
     /// reservation (its ticket holds the whole segment all along, so a step never needs a
     /// ticket and the quota counts a segment's full size from its creation). A step
     /// (`Step::Grow`: on the offload pool for an async writer). A failed step fails the write

@@ -4,9 +4,9 @@
 //! So an `_async` call makes none of these syscalls, and waits for none of these locks, on its
 //! caller's thread:
 //!
-//! - `Rotate`: open the next segment (`rotate.rs`: ticket, create or pooled reuse, the first
+//! - `Rotate`: open the next segment (`segfile.rs`: ticket, create or pooled reuse, the first
 //!   allocation step, the abort check) and map its staging buffer;
-//! - `Grow`: the next allocation step of the open segment (`alloc.rs`: `fallocate`);
+//! - `Grow`: the next allocation step of the open segment (`segfile.rs`: `fallocate`);
 //! - `Map`: map a fresh staging buffer (`io/buf.rs` `Mapping`: `mmap`, the unmaps that made
 //!   room, the first touch of its pages);
 //! - `Reopen`: reopen the open segment after the engine's fd bound (`max_open_files`,
@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use super::Ctx;
-use super::alloc::{allocate_step, trim_allocations};
-use super::rotate::Opened;
+use super::segfile::Opened;
+use super::segfile::{allocate_step, trim_allocations};
 use super::sink::buffer_error;
 use super::{Life, SpillWriter, Wait};
 use crate::error::{Result, SpillError};
@@ -67,7 +67,7 @@ pub(super) enum Step {
         lane: usize,
         op: Op,
     },
-    /// Give back the preallocated tails at `finish` (`alloc.rs` `trim_allocations`).
+    /// Give back the preallocated tails at `finish` (`segfile.rs` `trim_allocations`).
     Trim(Ctx),
 }
 
