@@ -150,8 +150,10 @@ pub struct SpillReader {
     iter_failed: bool,
     /// Async reads: the open of segment `.0` running on the offload pool (read-ahead).
     ahead: Option<(usize, Offloaded<Result<Segment>>)>,
-    /// The work `next_record_async` may do before it yields (`spill/budget.rs`).
-    budget: Budget,
+    /// The work `next_record_async` may do before it yields (`spill/budget.rs`); made at the
+    /// first async call (its slice starts then), so a reader only ever read by blocking calls
+    /// never reads the clock for it.
+    budget: Option<Budget>,
     grant: Grant,
 }
 
@@ -195,7 +197,7 @@ impl SpillReader {
             next_seg: 0,
             iter_failed: false,
             ahead: None,
-            budget: Budget::new(),
+            budget: None,
             grant,
         }
     }
@@ -237,16 +239,17 @@ impl SpillReader {
     }
 
     fn poll_next_record(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>>> {
-        std::task::ready!(self.budget.poll_ready(cx));
+        std::task::ready!(self.budget.get_or_insert_with(Budget::new).poll_ready(cx));
         let r = self.poll_next_record_budgeted(cx);
+        let budget = self.budget.get_or_insert_with(Budget::new);
         match &r {
-            Poll::Ready(Ok(Some(rec))) => self.budget.spend(rec.len()),
+            Poll::Ready(Ok(Some(rec))) => budget.spend(rec.len()),
             Poll::Ready(Err(e)) => {
                 self.grant.0.core().counters.count_error(e);
-                self.budget.spend(0)
+                budget.spend(0)
             }
-            Poll::Ready(_) => self.budget.spend(0),
-            Poll::Pending => self.budget.yielded(),
+            Poll::Ready(_) => budget.spend(0),
+            Poll::Pending => budget.yielded(),
         }
         r
     }
@@ -352,27 +355,29 @@ fn open_segment_timed(state: &StateShared, i: usize, warm: bool) -> Result<Segme
         _ => return Err(SpillError::Aborted),
     };
     let (seg, end) = (at.seg, at.len);
-    let name = SegmentFileName::new(seg);
     let path = || segment_path(&at.dir, seg);
     fault_point!(ReaderOpen, state.core().fault, task: state.task().and_then(|t| t.fault_plan()));
     let core = state.core();
     // The fd the writer left with the file (held here, so the fd bound cannot close it
     // under the read), or the file opened by name.
-    let file = match at.fd {
-        // A cancel since the check above deleted the file: its fd still reads it, but the
-        // state is gone (an open by name finds no file then).
-        Some(_) if state.is_aborted() => return Err(SpillError::Aborted),
-        Some(h) => SegmentFd::Kept(h),
-        // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
-        None => match core
-            .io
-            .fds()
-            .open_with(|| crate::sys::fs::open_file_at(at.dir.as_fd(), name.as_cstr(), false))
-        {
-            Ok(fd) => SegmentFd::Opened(fd),
-            Err(e) => return Err(open_error(state, path(), e)),
-        },
-    };
+    let file =
+        match at.fd {
+            // A cancel since the check above deleted the file: its fd still reads it, but the
+            // state is gone (an open by name finds no file then).
+            Some(_) if state.is_aborted() => return Err(SpillError::Aborted),
+            Some(h) => SegmentFd::Kept(h),
+            // EMFILE/ENFILE: the engine closes an idle writer fd of its own and retries.
+            // The name is made only here: a kept fd (a writer's segment) needs none.
+            None => {
+                let name = SegmentFileName::new(seg);
+                match core.io.fds().open_with(|| {
+                    crate::sys::fs::open_file_at(at.dir.as_fd(), name.as_cstr(), false)
+                }) {
+                    Ok(fd) => SegmentFd::Opened(fd),
+                    Err(e) => return Err(open_error(state, path(), e)),
+                }
+            }
+        };
     // A truncated file is read (or mapped) as far as it goes: records before the cut are
     // returned, the one crossing it is reported at its offset.
     let bytes = if end <= core.cfg.read_buffer_max as u64 {
