@@ -153,7 +153,8 @@ impl Load {
 /// See [`RootUse`]'s `window`.
 #[derive(Debug, Clone, Copy)]
 struct Window {
-    at: Instant,
+    /// `None` in the segment's first window, which is not measured (no clock read at start).
+    at: Option<Instant>,
     active: usize,
     written: u64,
     waited_ns: u64,
@@ -189,7 +190,7 @@ impl RootUse {
         }
         let active = self.load.active[self.root].fetch_add(1, Ordering::Relaxed) + 1;
         self.window = Some(Window {
-            at: Instant::now(),
+            at: None,
             active,
             written: 0,
             waited_ns: u64::MAX,
@@ -212,15 +213,16 @@ impl RootUse {
         }
         let now = Instant::now();
         let active = self.load.active[self.root].load(Ordering::Relaxed);
-        let secs = now.saturating_duration_since(w.at).as_secs_f64();
+        let secs =
+            w.at.map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
         let waited = waited_ns.saturating_sub(w.waited_ns) as f64 / 1e9;
-        if w.written > 0 && secs > 0.0 && waited >= DEVICE_BOUND * secs {
+        if secs > 0.0 && waited >= DEVICE_BOUND * secs {
             let sharing = ((w.active + active) as f64 / 2.0).max(1.0);
             let rate = (written - w.written) as f64 / secs * sharing;
             self.load.measured(self.root, rate, now);
         }
         self.window = Some(Window {
-            at: now,
+            at: Some(now),
             active,
             written,
             waited_ns,
@@ -476,7 +478,7 @@ mod tests {
         assert_eq!(load.active[1].load(Ordering::Relaxed), 1, "started: active");
         load.active[1].store(2, Ordering::Relaxed);
         let window = |written| Window {
-            at: Instant::now() - Duration::from_secs(1),
+            at: Some(Instant::now() - Duration::from_secs(1)),
             active: 2,
             written,
             waited_ns: 0,

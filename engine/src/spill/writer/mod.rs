@@ -132,8 +132,10 @@ pub struct SpillWriter {
     ahead: Ahead,
     life: Life,
     counts: Counts,
-    /// The work its async calls may do before one yields (`spill/budget.rs`).
-    budget: Budget,
+    /// The work its async calls may do before one yields (`spill/budget.rs`); made at the
+    /// first async call (its slice starts then), so a writer only ever used by blocking calls
+    /// never reads the clock for it.
+    budget: Option<Budget>,
 }
 
 /// What a writer holds of the engine, its scope and its configuration: also what a step
@@ -216,7 +218,7 @@ impl SpillWriter {
                 core,
             },
             counts: Counts::default(),
-            budget: Budget::new(),
+            budget: None,
             seg: None,
             stage: stage::Stage::default(),
             ahead: Ahead::None,

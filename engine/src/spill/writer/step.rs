@@ -35,6 +35,7 @@ use crate::fault::fault_point;
 use crate::format::segment::{HEADER_LEN, SegmentFileName};
 use crate::io::{FdPermit, FileHandle, IoBuf, Mapping, Offloaded, Op, Refused};
 use crate::shared::EngineShared;
+use crate::spill::budget::Budget;
 use crate::store::entry::SegmentEntry;
 use crate::sys::fs;
 
@@ -143,8 +144,9 @@ impl SpillWriter {
         let mut started = false;
         let r = poll_fn(|cx| {
             if !started {
-                std::task::ready!(self.budget.poll_ready(cx));
-                self.budget.spend(record.unwrap_or(0));
+                let budget = self.budget.get_or_insert_with(Budget::new);
+                std::task::ready!(budget.poll_ready(cx));
+                budget.spend(record.unwrap_or(0));
                 if record.is_some() {
                     self.life = Life::Busy;
                 }
@@ -156,8 +158,10 @@ impl SpillWriter {
                 Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
                 Poll::Pending => Poll::Pending,
             };
-            if r.is_pending() {
-                self.budget.yielded();
+            if r.is_pending()
+                && let Some(budget) = self.budget.as_mut()
+            {
+                budget.yielded();
             }
             r
         })
