@@ -132,9 +132,7 @@ pub struct SpillWriter {
     ahead: Ahead,
     life: Life,
     counts: Counts,
-    /// The work its async calls may do before one yields (`spill/budget.rs`); made at the
-    /// first async call (its slice starts then), so a writer only ever used by blocking calls
-    /// never reads the clock for it.
+    /// The work its async calls may do before one yields (`spill/budget.rs`), from the first.
     budget: Option<Budget>,
 }
 
