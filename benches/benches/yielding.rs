@@ -11,7 +11,8 @@
 //! repetition (`SPILLRING_YIELD_REPS`, 3); figures are medians over repetitions. The goal's
 //! throughput ratio is the medians' ratio; `throughput_pair_ratios` are each repetition's on/off
 //! (its two runs back to back), with their median and range. `SPILLRING_YIELD_WARMUP`
-//! repetitions (0) run first, untimed.
+//! repetitions (0) run first, untimed; `SPILLRING_YIELD_ONLY` (`buffered-on`, `direct-off`, ...)
+//! runs one mode and side alone, to profile it.
 //!
 //! Run on a quiet machine: `scripts/yielding.sh` (it builds the bench and prints the JSON).
 
@@ -209,6 +210,11 @@ fn main() {
             }
         }
     }
+    // One mode and side alone (`SPILLRING_YIELD_ONLY`, e.g. `direct-on`), to profile it.
+    let only = std::env::var("SPILLRING_YIELD_ONLY").ok();
+    let side = |mode: WriteMode, y: bool| {
+        format!("{mode:?}-{}", if y { "on" } else { "off" }).to_lowercase()
+    };
     let idle = idle(idle_s);
     let mut runs = Vec::new();
     for rep in 0..reps {
@@ -224,6 +230,9 @@ fn main() {
                 [false, true]
             };
             for yielding in order {
+                if only.as_deref().is_some_and(|o| o != side(mode, yielding)) {
+                    continue;
+                }
                 let mut r = run(mode, yielding, total, record);
                 r["rep"] = json!(rep);
                 eprintln!("{r}");
