@@ -10,7 +10,8 @@
 #
 # SPILLRING_BENCH_ROOT picks the disk (default: the system temp directory);
 # SPILLRING_YIELD_RECORD the record size; SPILLRING_YIELD_WARMUP untimed repetitions first (0);
-# the JSON also goes to SPILLRING_BENCH_OUT.
+# SPILLRING_YIELD_SETTLE=1 an untimed run of each mode before its on/off pair; the JSON also goes
+# to SPILLRING_BENCH_OUT.
 #
 # --ram-device SIZE_MIB: a device whose speed does not swing, for the throughput on/off ratio
 # (on the shared virtio disk it swings 0.80-1.54x between runs). A SIZE_MIB file on tmpfs

@@ -7,12 +7,13 @@
 //!
 //! Goals (judged here, in the JSON's `goals`): with yielding, timer lateness p99 at most 2 ms
 //! and max at most 10 ms above the idle run's; throughput (write + read-back) within 3% of
-//! no yielding. Modes (buffered, direct) and on/off interleave, the order flipping every
-//! repetition (`SPILLRING_YIELD_REPS`, 3); figures are medians over repetitions. The goal's
+//! no yielding. Modes (buffered, direct) alternate and on/off interleave, the on/off order
+//! flipping every repetition (`SPILLRING_YIELD_REPS`, 3); figures are medians over repetitions. The goal's
 //! throughput ratio is the medians' ratio; `throughput_pair_ratios` are each repetition's on/off
 //! (its two runs back to back), with their median and range. `SPILLRING_YIELD_WARMUP`
 //! repetitions (0) run first, untimed; `SPILLRING_YIELD_ONLY` (`buffered-on`, `direct-off`, ...)
-//! runs one mode and side alone, to profile it.
+//! runs one mode and side alone, to profile it; `SPILLRING_YIELD_SETTLE=1` runs one untimed
+//! run of each mode before its pair.
 //!
 //! Run on a quiet machine: `scripts/yielding.sh` (it builds the bench and prints the JSON).
 
@@ -217,13 +218,17 @@ fn main() {
     };
     let idle = idle(idle_s);
     let mut runs = Vec::new();
+    // Modes alternate in a fixed order and the on/off order flips every repetition, so each
+    // side runs first after the mode switch equally often. (Flipping the mode order too, as
+    // before, made the first run after the switch always the same side in each mode: buffered
+    // off, direct on; on this VM that run is the slow one.) `SPILLRING_YIELD_SETTLE=1`: one
+    // untimed run of the mode before each pair, so neither side of a pair follows the switch.
+    let settle = env_or("SPILLRING_YIELD_SETTLE", 0) != 0;
     for rep in 0..reps {
-        let modes = if rep % 2 == 0 {
-            [WriteMode::Buffered, WriteMode::Direct]
-        } else {
-            [WriteMode::Direct, WriteMode::Buffered]
-        };
-        for mode in modes {
+        for mode in [WriteMode::Buffered, WriteMode::Direct] {
+            if settle && only.is_none() {
+                run(mode, true, total, record);
+            }
             let order = if rep % 2 == 0 {
                 [true, false]
             } else {
@@ -297,6 +302,7 @@ fn main() {
         "record_bytes": record,
         "reps": reps,
         "warmup_reps": warmup,
+        "settle_runs": settle,
         "runtime": "current_thread",
         "loadavg_before": loadavg.trim(),
         "bench_root": std::env::var("SPILLRING_BENCH_ROOT").unwrap_or_default(),
