@@ -26,8 +26,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use super::Ctx;
-use super::segfile::Opened;
-use super::segfile::{allocate_step, trim_allocations};
+use super::segfile::{Opened, allocate_step, trim_allocations};
 use super::sink::buffer_error;
 use super::{Life, SpillWriter, Wait};
 use crate::error::{Result, SpillError};
