@@ -23,6 +23,17 @@ per_backend!(
 const TOTAL: usize = 64 << 20;
 const REC: usize = 1024;
 
+/// Another task on the runtime: counts its runs, yielding after each, until `done`.
+fn spawn_counter(runs: &Arc<AtomicU64>, done: &Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let (runs, done) = (runs.clone(), done.clone());
+    tokio::spawn(async move {
+        while !done.load(Ordering::SeqCst) {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+        }
+    })
+}
+
 fn current_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -41,15 +52,7 @@ fn runs_beside<F: std::future::Future<Output = u64>>(
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicBool::new(false)),
         );
-        let counter = {
-            let (runs, done) = (runs.clone(), done.clone());
-            tokio::spawn(async move {
-                while !done.load(Ordering::SeqCst) {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
+        let counter = spawn_counter(&runs, &done);
         let during = work(runs.clone()).await;
         done.store(true, Ordering::SeqCst);
         counter.await.unwrap();
@@ -163,15 +166,7 @@ fn a_read_back_loop_lets_the_runtime_poll_its_driver_at_each_yield(b: BackendKin
         Arc::new(AtomicBool::new(false)),
     );
     let (calls, yields, during) = current_thread().block_on(async {
-        let counter = {
-            let (runs, done) = (runs.clone(), done.clone());
-            tokio::spawn(async move {
-                while !done.load(Ordering::SeqCst) {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
+        let counter = spawn_counter(&runs, &done);
         let runs2 = runs.clone();
         let reader = tokio::spawn(async move {
             let (mut calls, mut polls, mut before) = (0u64, 0u64, 0u64);
